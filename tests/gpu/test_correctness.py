@@ -1,0 +1,82 @@
+"""The correctness matrix on a real GPU, through the tuner's own compile and measure path.
+
+Every family the GPU can run × fp16/bf16 × head dims × causal or not × odd lengths, GQA and
+seqlen_q != seqlen_k (fully masked rows) × a set of configs in which every value of every
+knob appears at least once. Outputs are poisoned, inputs random, the reference float32.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tuner.jobs import MeasureSettings
+from tuner.problem import Problem
+from tuner.space import available_families, load_space
+from tuner.tune import measure_job_for
+
+from .conftest import compile_all
+
+pytestmark = pytest.mark.gpu
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
+SHAPES = [(2, 1, 1, 2, 2), (1, 17, 17, 3, 3), (2, 257, 257, 4, 2), (1, 1000, 1000, 8, 2), (1, 100, 300, 2, 2),
+          (1, 300, 100, 2, 1), (1, 2048, 2048, 4, 4)]
+
+
+def statics(space):
+    return [(dtype, d, causal) for dtype in space.family.dtypes for d in space.family.head_dims for causal in (False, True)]
+
+
+def problems_for(dtype, head_dim, causal):
+    return [Problem(batch=b, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hk, head_dim=head_dim, dtype=dtype,
+                    causal=causal) for b, nq, nk, hq, hk in SHAPES]
+
+
+def covering_configs(space, device, seed=0):
+    """The default plus configs, feasible for every static problem, so that every knob value appears once."""
+    rng = random.Random(seed)
+    probes = [problems_for(*s)[0] for s in statics(space)]
+    chosen = [space.defaults()]
+    for knob in space.knobs:
+        for value in knob.values:
+            if any(c[knob.name] == value for c in chosen):
+                continue
+            for _ in range(500):
+                c = {k.name: rng.choice(k.values) for k in space.knobs}
+                c[knob.name] = value
+                if all(space.check(c, p, device) is None for p in probes):
+                    chosen.append(c)
+                    break
+    return chosen
+
+
+@pytest.fixture(scope="module", params=available_families())
+def compiled(request, device):
+    space = load_space(request.param)
+    if device.arch < space.family.min_arch:
+        pytest.skip(f"{space.name} needs sm_{space.family.min_arch}+")
+    configs = covering_configs(space, device)
+    pairs = [(c, problems_for(*s)[0]) for s in statics(space) for c in configs]
+    outcomes = compile_all(space, pairs, device)
+    failed = [(c, p.slug(), o.reason) for (c, p), o in zip(pairs, outcomes) if o.status != "ok"]
+    assert not failed, f"compile failures: {failed[:3]}"
+    return space, {(tuple(c.items()), p.dtype, p.head_dim, p.causal): o.kernel for (c, p), o in zip(pairs, outcomes)}
+
+
+def test_every_config_is_correct_on_every_shape(compiled, worker, device):
+    space, kernels = compiled
+    failures, checked = [], 0
+    for (items, dtype, head_dim, causal), kernel in kernels.items():
+        config = dict(items)
+        for problem in problems_for(dtype, head_dim, causal):
+            for scale in (1.0, 3.0):  # 3.0 widens the score range: stresses lazy rescaling
+                settings = MeasureSettings(timing=False, input_scale=scale)
+                job = measure_job_for(space, config, problem, device, kernel, settings, tag="matrix")
+                result = worker.measure(job, timeout_s=120)
+                checked += 1
+                if not result.ok:
+                    failures.append(f"{problem.slug()} x{scale} {config}: {result.status} {result.detail}")
+    assert checked >= len(kernels) * len(SHAPES)
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:20])

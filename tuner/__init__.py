@@ -1,0 +1,16 @@
+"""flashtune: autotune FlashAttention forward kernels.
+
+The data flow, top to bottom: a space file (:mod:`tuner.space`) declares the knobs; a sampler
+(:mod:`tuner.search`) proposes configs; :mod:`tuner.compile` builds cubins on CPU processes;
+a GPU worker (:mod:`tuner.worker`, :mod:`tuner.gpu`) checks and times them; :mod:`tuner.study`
+stores trials in an Optuna database; :mod:`tuner.retime` picks the winner.
+"""
+
+__version__ = "0.1.0"
+
+from .devices import DeviceLimits, limits_for_arch  # noqa: E402
+from .errors import FlashtuneError  # noqa: E402
+from .problem import Problem  # noqa: E402
+from .space import Space, load_space  # noqa: E402
+
+__all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", "limits_for_arch", "load_space"]

@@ -1,0 +1,115 @@
+"""`flashtune check`: sweep a space without a GPU — static feasibility, then nvcc and ptxas for each config."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import multiprocessing as mp
+import random
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .devices import DeviceLimits
+from .problem import Problem, ProblemError
+from .ptxas import Resources
+from .space import Config, Space, load_space
+from .tune import compile_outcome
+
+__all__ = ["CheckReport", "CheckRow", "check_space", "all_configs"]
+
+
+@dataclass
+class CheckRow:
+    config: Config
+    status: str  # "ok", "infeasible" or "compile_error"
+    reason: str = ""
+    resources: Resources | None = None
+    is_default: bool = False
+
+
+@dataclass
+class CheckReport:
+    space: Space
+    rows: list[CheckRow] = field(default_factory=list)
+
+    @property
+    def default(self) -> CheckRow:
+        return next(r for r in self.rows if r.is_default)
+
+    @property
+    def compile_errors(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.status == "compile_error"]
+
+    @property
+    def spilling(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.resources is not None and r.resources.spills]
+
+    @property
+    def ok(self) -> bool:
+        """The default compiles without spills, and every statically feasible config compiles."""
+        d = self.default
+        return d.status == "ok" and d.resources is not None and not d.resources.spills and not self.compile_errors
+
+
+def all_configs(space: Space) -> list[Config]:
+    names = [k.name for k in space.knobs]
+    return [dict(zip(names, values)) for values in itertools.product(*(k.values for k in space.knobs))]
+
+
+def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples: int = 0, jobs: int = 1,
+                seed: int = 0, out: TextIO | None = None) -> CheckReport:
+    space = load_space(family)
+    report = CheckReport(space)
+    unsupported = space.supports(problem)
+    if unsupported:
+        raise ProblemError(unsupported)
+    default = space.defaults()
+    feasible: list[Config] = []
+    for config in all_configs(space):
+        reason = space.check(config, problem, device)
+        if reason:
+            report.rows.append(CheckRow(config, "infeasible", reason, is_default=config == default))
+        else:
+            feasible.append(config)
+    chosen = feasible
+    if samples and len(feasible) > samples:
+        others = [c for c in feasible if c != default]
+        chosen = random.Random(seed).sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
+    if out:
+        print(f"{space.name} on sm_{device.arch} for {problem.dtype} d{problem.head_dim} "
+              f"{'causal' if problem.causal else 'non-causal'}: {space.size()} configs, {len(feasible)} statically "
+              f"feasible, compiling {len(chosen)} with {jobs} processes", file=out, flush=True)
+    with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
+        for i, future in enumerate(cf.as_completed(futures), 1):
+            config = futures[future]
+            outcome = future.result()
+            row = CheckRow(config, outcome.status, outcome.reason,
+                           outcome.kernel.resources if outcome.kernel else None, is_default=config == default)
+            report.rows.append(row)
+            if out:
+                print(f"[{i}/{len(chosen)}] {_line(row)}", file=out, flush=True)
+    if out:
+        _summary(report, out)
+    return report
+
+
+def _line(row: CheckRow) -> str:
+    knobs = " ".join(f"{k}={v}" for k, v in row.config.items())
+    if row.resources is None:
+        return f"{row.status:<13} {knobs}  {row.reason[:160]}"
+    r = row.resources
+    spill = f" SPILLS {r.spill_store_bytes}/{r.spill_load_bytes} B" if r.spills else ""
+    return f"{'ok':<13} {knobs}  regs {r.registers} stack {r.stack_bytes} B{spill}" + ("  (default)" if row.is_default else "")
+
+
+def _summary(report: CheckReport, out: TextIO) -> None:
+    d = report.default
+    print(f"default config: {_line(d)}", file=out)
+    print(f"{sum(r.status == 'ok' for r in report.rows)} compiled, {len(report.compile_errors)} compile errors, "
+          f"{len(report.spilling)} spilling, {sum(r.status == 'infeasible' for r in report.rows)} statically infeasible",
+          file=out)
+    for row in report.compile_errors[:5]:
+        print(f"  compile error: {_line(row)}", file=out)
+    print("check " + ("passed" if report.ok else "FAILED: the default must compile without spills and every "
+                      "statically feasible config must compile (tighten the space's constraints)"), file=out)

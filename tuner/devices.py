@@ -1,0 +1,65 @@
+"""Hardware limits that space constraints are checked against.
+
+On a machine with a GPU the limits are read from the device (``tuner.gpu.info``); without
+one, ``flashtune check --arch 80`` uses the table below, taken from the CUDA programming
+guide's per-compute-capability limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["DeviceLimits", "limits_for_arch", "KNOWN_ARCHS"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceLimits:
+    """What a kernel config must fit into. ``arch`` is the compute capability times ten."""
+
+    arch: int
+    smem_per_block_optin: int
+    regs_per_sm: int = 65536
+    max_regs_per_thread: int = 255
+    num_sms: int
+    name: str = ""
+
+    def env(self) -> dict[str, int]:
+        """Names a space expression may read about the device."""
+        return {
+            "arch": self.arch,
+            "smem_per_block_optin": self.smem_per_block_optin,
+            "regs_per_sm": self.regs_per_sm,
+            "max_regs_per_thread": self.max_regs_per_thread,
+            "num_sms": self.num_sms,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_info(cls, info: dict[str, object]) -> DeviceLimits:
+        """Limits from what the GPU worker reports (``tuner.gpu.info.gpu_info``)."""
+        return cls(arch=int(info["arch"]), smem_per_block_optin=int(info["smem_per_block_optin"]),
+                   regs_per_sm=int(info["regs_per_sm"]), num_sms=int(info["num_sms"]), name=str(info["name"]))
+
+
+# arch -> (opt-in shared memory per block in bytes, SM count of the flagship part)
+_TABLE = {
+    80: (166912, 108, "A100"),
+    86: (101376, 84, "RTX 30"),
+    87: (166912, 16, "Orin"),
+    89: (101376, 128, "RTX 40 / L40"),
+    90: (232448, 132, "H100/H200"),
+    100: (232448, 148, "B200"),
+    103: (232448, 148, "B300"),
+    120: (101376, 188, "RTX 50"),
+}
+KNOWN_ARCHS = tuple(sorted(_TABLE))
+
+
+def limits_for_arch(arch: int) -> DeviceLimits:
+    """Nominal limits of a compute capability, for checks on a machine without that GPU."""
+    if arch not in _TABLE:
+        raise ValueError(f"unknown arch {arch}; known: {', '.join(map(str, KNOWN_ARCHS))}")
+    smem, sms, name = _TABLE[arch]
+    return DeviceLimits(arch=arch, smem_per_block_optin=smem, num_sms=sms, name=f"sm_{arch} ({name}, nominal)")

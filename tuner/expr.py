@@ -1,0 +1,135 @@
+"""Small, safe integer expressions used by space files (derived values, constraints, launch).
+
+An expression is parsed once with :func:`compile_expr`, which refuses anything that is not
+arithmetic, comparison, boolean logic, a conditional or a call of a whitelisted function,
+and reports the names it reads so that a space file can be checked before it is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import FlashtuneError
+
+__all__ = ["Expr", "ExprError", "compile_expr"]
+
+
+class ExprError(FlashtuneError, ValueError):
+    """An expression is malformed, uses something not allowed, or cannot be evaluated."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _log2(x: int) -> int:
+    if x <= 0:
+        raise ExprError(f"log2 of {x}")
+    return int(math.log2(x))
+
+
+FUNCTIONS: dict[str, Callable[..., int]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "ceil_div": _ceil_div,
+    "log2": _log2,
+}
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_COMPARE = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression: its source text and the free names it reads."""
+
+    text: str
+    names: frozenset[str]
+    _tree: ast.Expression
+
+    def __call__(self, env: Mapping[str, int]) -> int:
+        try:
+            return _eval(self._tree.body, env)
+        except ExprError:
+            raise
+        except KeyError as e:
+            raise ExprError(f"{self.text!r}: unknown name {e.args[0]!r}") from None
+        except (ZeroDivisionError, OverflowError, TypeError) as e:
+            raise ExprError(f"{self.text!r}: {e}") from None
+
+
+def compile_expr(text: str) -> Expr:
+    """Parse ``text`` and check that it only uses allowed syntax and functions."""
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError(f"expected a non-empty expression string, got {text!r}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ExprError(f"{text!r}: {e.msg}") from None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+                raise ExprError(f"{text!r}: only {sorted(FUNCTIONS)} may be called")
+            if node.keywords:
+                raise ExprError(f"{text!r}: keyword arguments are not allowed")
+        elif isinstance(node, ast.Name):
+            if node.id not in FUNCTIONS:
+                names.add(node.id)
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, (int, bool)):
+                raise ExprError(f"{text!r}: only integer constants are allowed, got {node.value!r}")
+        elif not isinstance(
+            node,
+            (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Load,
+             ast.And, ast.Or, *_BINARY, *_COMPARE, *_UNARY),
+        ):
+            raise ExprError(f"{text!r}: {type(node).__name__} is not allowed")
+    return Expr(text=text.strip(), names=frozenset(names), _tree=tree)
+
+
+def _eval(node: ast.AST, env: Mapping[str, int]) -> int:
+    if isinstance(node, ast.Constant):
+        return int(node.value)
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BinOp):
+        return _BINARY[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_eval(node.operand, env))
+    if isinstance(node, ast.BoolOp):
+        values = (_eval(v, env) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = _eval(comparator, env)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, ast.Call):
+        return FUNCTIONS[node.func.id](*(_eval(a, env) for a in node.args))  # type: ignore[union-attr]
+    raise ExprError(f"cannot evaluate {type(node).__name__}")

@@ -1,0 +1,46 @@
+"""What a study records about the GPU it measured on: name, limits, driver, clocks."""
+
+from __future__ import annotations
+
+import cupy
+
+__all__ = ["gpu_info"]
+
+
+def _clocks(index: int) -> dict[str, int]:
+    """SM and memory clocks in MHz through NVML, when nvidia-ml-py is installed (else empty)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        }
+    except pynvml.NVMLError:
+        return {}
+
+
+def gpu_info() -> dict[str, object]:
+    device = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(device.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    driver = cupy.cuda.runtime.driverGetVersion()
+    return {
+        "name": name,
+        "index": device.id,
+        "arch": props["major"] * 10 + props["minor"],
+        "num_sms": props["multiProcessorCount"],
+        "smem_per_block_optin": props["sharedMemPerBlockOptin"],
+        "regs_per_sm": props["regsPerMultiprocessor"],
+        "l2_bytes": props["l2CacheSize"],
+        "driver": f"{driver // 1000}.{driver % 1000 // 10}",
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "cupy": cupy.__version__,
+        **_clocks(device.id),
+    }
+

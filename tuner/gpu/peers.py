@@ -1,0 +1,60 @@
+"""Peers timed in the same run as a flashtune kernel: PyTorch SDPA backends and a large cuBLAS GEMM.
+
+Runs in the GPU worker. Needs PyTorch; a backend that refuses the shape is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..jobs import MeasureSettings
+from .measure import time_kernel
+
+__all__ = ["SDPA_BACKENDS", "time_peers"]
+
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def time_peers(argument: tuple) -> list[dict[str, object]]:
+    """``(problem, settings)`` -> rows ``{"name", "latency_ms", "tflops", "detail"}``."""
+    problem, settings = argument
+    settings = settings or MeasureSettings()
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+    except ImportError:
+        return [{"name": "pytorch", "latency_ms": None, "tflops": None, "detail": "PyTorch is not installed"}]
+    p = problem
+    dtype = torch.float16 if p.dtype == "fp16" else torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(settings.seed + 1)
+    # [B, N, H, D] storage viewed as [B, H, N, D], the layout flashtune kernels read
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    v = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    rows: list[dict[str, object]] = []
+    for backend in SDPA_BACKENDS:
+        name = f"sdpa_{backend.lower()}"
+        if p.causal and p.seqlen_q != p.seqlen_k:
+            rows.append({"name": name, "latency_ms": None, "tflops": None,
+                         "detail": "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k"})
+            continue
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                def run() -> None:
+                    sdpa(q, k, v, is_causal=p.causal, scale=1.0 / math.sqrt(p.head_dim),
+                         enable_gqa=p.heads_q != p.heads_kv)
+                run()
+                torch.cuda.synchronize()
+                ms, spread, reps = time_kernel(run, settings)
+            rows.append({"name": name, "latency_ms": ms, "tflops": p.flops / (ms * 1e-3) / 1e12, "spread": spread,
+                         "detail": ""})
+        except RuntimeError as e:
+            rows.append({"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]})
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    ms, spread, _ = time_kernel(lambda: torch.matmul(a, b), settings)
+    rows.append({"name": f"cublas_gemm_{n}", "latency_ms": ms, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
+                 "spread": spread, "detail": "random inputs"})
+    return rows

@@ -1,0 +1,46 @@
+"""16-bit tensors on CuPy: fp16 natively, bf16 as raw uint16 bits (CuPy has no bfloat16 type)."""
+
+from __future__ import annotations
+
+import cupy
+
+__all__ = ["from_float32", "to_float32", "poison", "storage_dtype", "random_inputs"]
+
+_NAN_BITS = {"fp16": 0x7E00, "bf16": 0x7FC0}
+
+
+def storage_dtype(dtype: str):
+    return cupy.float16 if dtype == "fp16" else cupy.uint16
+
+
+def from_float32(x, dtype: str):
+    """Round fp32 to the 16-bit type (round to nearest even for bf16)."""
+    if dtype == "fp16":
+        return x.astype(cupy.float16)
+    bits = cupy.ascontiguousarray(x, dtype=cupy.float32).view(cupy.uint32)
+    rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) >> 16
+    return rounded.astype(cupy.uint16)
+
+
+def to_float32(x, dtype: str):
+    if dtype == "fp16":
+        return x.astype(cupy.float32)
+    return (x.astype(cupy.uint32) << 16).view(cupy.float32)
+
+
+def poison(x, dtype: str | None = None) -> None:
+    """Fill an output with NaN so that an element the kernel never wrote cannot pass a check."""
+    if x.dtype == cupy.float32:
+        x.fill(cupy.nan)
+    else:
+        x.view(cupy.uint16).fill(_NAN_BITS[dtype or "fp16"])
+
+
+def random_inputs(problem, seed: int, *, scale: float = 1.0):
+    """Fresh Q, K, V of the problem's shape and dtype, standard normal times ``scale``."""
+    rng = cupy.random.default_rng(seed)
+    p = problem
+    shapes = ((p.batch, p.seqlen_q, p.heads_q, p.head_dim), (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
+              (p.batch, p.seqlen_k, p.heads_kv, p.head_dim))
+    return tuple(from_float32(rng.standard_normal(s, dtype=cupy.float32) * cupy.float32(scale), p.dtype)
+                 for s in shapes)

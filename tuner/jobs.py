@@ -1,0 +1,64 @@
+"""Picklable messages between the tuner and its GPU worker process."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from .problem import Problem
+
+__all__ = ["MeasureJob", "MeasureResult", "MeasureSettings", "Status", "TOLERANCES"]
+
+#: Outcome of a measurement. Anything but "ok" makes the trial infeasible.
+Status = Literal["ok", "wrong_result", "launch_error", "timeout", "crashed"]
+
+#: dtype -> (max relative L2 error of O, max abs error of LSE) against a float32 reference
+TOLERANCES = {"fp16": (4e-3, 2e-2), "bf16": (2e-2, 5e-2)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    warmup_ms: float = 25.0
+    min_reps: int = 10
+    max_reps: int = 100
+    target_ms: float = 200.0
+    flush_l2: bool = True
+    check: bool = True
+    timing: bool = True
+    seed: int = 0
+    input_scale: float = 1.0  # standard deviation of Q, K, V: larger widens the score range (rescale stress)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureJob:
+    """Run one compiled kernel: check it, then time it."""
+
+    cubin_path: str
+    entry: str
+    abi: str
+    grid: tuple[int, int, int]
+    threads: int
+    smem_bytes: int
+    problem: Problem
+    config: dict[str, int]
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    tag: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureResult:
+    status: Status
+    detail: str = ""
+    latency_ms: float | None = None
+    spread: float | None = None  # interquartile range over the median
+    reps: int = 0
+    tflops: float | None = None
+    rel_error: float | None = None
+    lse_error: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

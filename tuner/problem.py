@@ -1,0 +1,105 @@
+"""The attention problem a study tunes for: shapes, dtype, masking."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import FlashtuneError
+
+__all__ = ["DTYPES", "Problem", "ProblemError"]
+
+#: dtype name -> bytes per element. Both are 16-bit floats with fp32 accumulation.
+DTYPES = {"fp16": 2, "bf16": 2}
+
+
+class ProblemError(FlashtuneError, ValueError):
+    """The problem's shape or dtype is impossible or unsupported."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One forward-attention shape. ``seqlen_k`` defaults to ``seqlen_q``, ``heads_kv`` to ``heads_q``."""
+
+    batch: int
+    seqlen_q: int
+    heads_q: int
+    head_dim: int
+    dtype: str = "fp16"
+    causal: bool = False
+    seqlen_k: int | None = None
+    heads_kv: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.seqlen_k is None:
+            object.__setattr__(self, "seqlen_k", self.seqlen_q)
+        if self.heads_kv is None:
+            object.__setattr__(self, "heads_kv", self.heads_q)
+        for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ProblemError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype not in DTYPES:
+            raise ProblemError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.heads_q % self.heads_kv:
+            raise ProblemError(
+                f"heads_kv ({self.heads_kv}) must divide heads_q ({self.heads_q}) for grouped-query attention"
+            )
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def flops(self) -> float:
+        """Matrix FLOPs of the forward pass (2 GEMMs, 2 FLOPs per MAC), counting only unmasked pairs."""
+        pairs = float(self.seqlen_q) * self.seqlen_k
+        if self.causal:
+            pairs = _causal_pairs(self.seqlen_q, self.seqlen_k)
+        return 4.0 * self.batch * self.heads_q * pairs * self.head_dim
+
+    def env(self) -> dict[str, int]:
+        """Names a space expression may read about the problem."""
+        return {
+            "batch": self.batch,
+            "seqlen_q": self.seqlen_q,
+            "seqlen_k": self.seqlen_k,  # type: ignore[dict-item]
+            "heads_q": self.heads_q,
+            "heads_kv": self.heads_kv,  # type: ignore[dict-item]
+            "head_dim": self.head_dim,
+            "dtype_bytes": self.dtype_bytes,
+            "is_bf16": int(self.dtype == "bf16"),
+            "causal": int(self.causal),
+        }
+
+    def macros(self) -> dict[str, int]:
+        """The problem's compile-time macros, common to every kernel family."""
+        return {"FT_HEAD_DIM": self.head_dim, "FT_IS_BF16": int(self.dtype == "bf16"), "FT_IS_CAUSAL": int(self.causal)}
+
+    def slug(self) -> str:
+        """A short, stable, human-readable name fragment: ``fp16-d128-causal-b8-h16-n2048``."""
+        parts = [self.dtype, f"d{self.head_dim}", "causal" if self.causal else "full", f"b{self.batch}", f"h{self.heads_q}"]
+        if self.heads_kv != self.heads_q:
+            parts.append(f"kv{self.heads_kv}")
+        parts.append(f"n{self.seqlen_q}" if self.seqlen_k == self.seqlen_q else f"n{self.seqlen_q}x{self.seqlen_k}")
+        return "-".join(parts)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Problem:
+        return cls(**data)  # type: ignore[arg-type]
+
+
+def _causal_pairs(seqlen_q: int, seqlen_k: int) -> float:
+    """Visible (query, key) pairs under bottom-right aligned causal masking.
+
+    Row ``i`` sees ``i + seqlen_k - seqlen_q + 1`` keys, at most ``seqlen_k`` (reached by the
+    last row) and at least 0, so the count is an arithmetic series over the rows that see any.
+    """
+    offset = seqlen_k - seqlen_q
+    first = max(0, -offset)  # first row that sees at least one key
+    rows = seqlen_q - first
+    if rows <= 0:
+        return 0.0
+    return (first + offset + 1 + seqlen_k) * rows / 2.0

@@ -1,0 +1,386 @@
+"""Knob spaces: the one declaration of a kernel family's knobs, derived values and constraints.
+
+A space file (``search_spaces/<family>.toml``, format in ``search_spaces/README.md``) is
+loaded and checked here; everything else (distributions, ``-D`` flags, feasibility,
+launch geometry, exported headers) is computed from the :class:`Space` it becomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .devices import DeviceLimits
+from .errors import FlashtuneError
+from .expr import Expr, ExprError, compile_expr
+from .paths import KERNEL_SRC, SEARCH_SPACES
+from .problem import DTYPES, Problem
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Constraint",
+    "Derived",
+    "Family",
+    "Knob",
+    "LaunchGeometry",
+    "Space",
+    "SpaceError",
+    "available_families",
+    "config_key",
+    "load_space",
+]
+
+Config = dict[str, int]
+
+PROBLEM_NAMES = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).env())
+DEVICE_NAMES = frozenset(DeviceLimits(arch=80, smem_per_block_optin=0, num_sms=1).env())
+PROBLEM_MACROS = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).macros())
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_MACRO = re.compile(r"^FT_[A-Z0-9_]+$")
+
+
+class SpaceError(FlashtuneError, ValueError):
+    """A space file is malformed or inconsistent. The message names the file and the entry."""
+
+
+class ConfigError(FlashtuneError, ValueError):
+    """A config names an unknown knob, misses one, or has a value the space does not allow."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    macro: str
+    values: tuple[int, ...]
+    default: int
+    help: str
+
+
+@dataclass(frozen=True)
+class Derived:
+    name: str
+    expr: Expr
+    macro: str | None
+    help: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    expr: Expr
+    message: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    source: str
+    config_header: str
+    entry: str
+    abi: str
+    min_arch: int
+    arch_suffix: str
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    grid: tuple[int, int, int]
+    threads: int
+    smem_bytes: int
+
+
+@dataclass(frozen=True)
+class Space:
+    family: Family
+    knobs: tuple[Knob, ...]
+    derived: tuple[Derived, ...]
+    constraints: tuple[Constraint, ...]
+    launch_threads: Expr
+    launch_smem_bytes: Expr
+    launch_grid: tuple[Expr, Expr, Expr]
+    path: Path
+    _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_name.update({k.name: k for k in self.knobs})
+
+    # -- the knobs -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.family.name
+
+    def knob(self, name: str) -> Knob:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(f"{self.name}: unknown knob {name!r}; knobs are {', '.join(self._by_name)}") from None
+
+    def defaults(self) -> Config:
+        return {k.name: k.default for k in self.knobs}
+
+    def size(self) -> int:
+        """Number of points in the full grid (before constraints)."""
+        n = 1
+        for k in self.knobs:
+            n *= len(k.values)
+        return n
+
+    def validate(self, config: Mapping[str, Any], *, partial: bool = False) -> Config:
+        """Return ``config`` as a canonical dict in knob order, or raise :class:`ConfigError`.
+
+        Values read from a database or a command line pass through here before they reach
+        C source or a compiler flag. With ``partial`` missing knobs take their defaults.
+        """
+        unknown = sorted(set(config) - set(self._by_name))
+        if unknown:
+            raise ConfigError(f"{self.name}: unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(self._by_name)}")
+        out: Config = {}
+        for k in self.knobs:
+            if k.name not in config:
+                if not partial:
+                    raise ConfigError(f"{self.name}: config has no value for knob {k.name!r}")
+                out[k.name] = k.default
+                continue
+            value = config[k.name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                raise ConfigError(f"{self.name}: knob {k.name} must be an integer, got {value!r}")
+            if int(value) not in k.values:
+                raise ConfigError(f"{self.name}: knob {k.name}={value!r} is not one of {list(k.values)}")
+            out[k.name] = int(value)
+        return out
+
+    # -- evaluation ------------------------------------------------------------------------
+    def supports(self, problem: Problem) -> str | None:
+        """Why this family cannot run ``problem`` at all, or None."""
+        if problem.head_dim not in self.family.head_dims:
+            return f"{self.name} supports head dims {list(self.family.head_dims)}, not {problem.head_dim}"
+        if problem.dtype not in self.family.dtypes:
+            return f"{self.name} supports dtypes {list(self.family.dtypes)}, not {problem.dtype}"
+        return None
+
+    def environment(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Knobs, problem, device and every derived value, as one name -> int mapping."""
+        env: dict[str, int] = {**device.env(), **problem.env(), **self.validate(config)}
+        for d in self.derived:
+            env[d.name] = int(d.expr(env))
+        return env
+
+    def violations(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> list[str]:
+        """Every reason ``config`` cannot run ``problem`` on ``device`` (empty when feasible)."""
+        unsupported = self.supports(problem)
+        if unsupported:
+            return [unsupported]
+        if device.arch < self.family.min_arch:
+            return [f"{self.name} needs sm_{self.family.min_arch} or newer, the device is sm_{device.arch}"]
+        env = self.environment(config, problem, device)
+        return [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
+
+    def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
+        """The first reason ``config`` is infeasible, or None."""
+        reasons = self.violations(config, problem, device)
+        return "; ".join(reasons) if reasons else None
+
+    def macros(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Every ``-D`` macro for this config: problem, knobs, then derived values that name one."""
+        env = self.environment(config, problem, device)
+        out = dict(problem.macros())
+        out.update({k.macro: env[k.name] for k in self.knobs})
+        out.update({d.macro: env[d.name] for d in self.derived if d.macro})
+        return out
+
+    def launch(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> LaunchGeometry:
+        env = self.environment(config, problem, device)
+        grid = tuple(int(g(env)) for g in self.launch_grid)
+        return LaunchGeometry(
+            grid=grid,  # type: ignore[arg-type]
+            threads=int(self.launch_threads(env)),
+            smem_bytes=int(self.launch_smem_bytes(env)),
+        )
+
+    def arch_string(self, arch: int) -> str:
+        """The nvcc arch (``80``, ``90a``) this family is built for on a device of ``arch``."""
+        return f"{arch}{self.family.arch_suffix}"
+
+    @property
+    def source_path(self) -> Path:
+        return KERNEL_SRC / self.family.source
+
+
+def config_key(config: Mapping[str, int]) -> str:
+    """A short stable hash of a config, for caches and de-duplication."""
+    text = json.dumps(dict(sorted(config.items())), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- loading -------------------------------------------------------------------------------
+def available_families() -> list[str]:
+    return sorted(p.stem for p in SEARCH_SPACES.glob("*.toml"))
+
+
+def load_space(name_or_path: str | Path) -> Space:
+    """Load a family by name (``sm80``) or a space file by path, checking it thoroughly."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = SEARCH_SPACES / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise SpaceError(
+                f"unknown kernel family {str(name_or_path)!r}; available: {', '.join(available_families()) or 'none'}"
+            )
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpaceError(f"{path}: no such space file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpaceError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return _parse(data, path)
+    except (ExprError, KeyError, TypeError, ValueError) as e:
+        if isinstance(e, SpaceError):
+            raise
+        raise SpaceError(f"{path}: {e}") from None
+
+
+def _table(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
+    value = data.get(key, None)
+    if value is None:
+        if required:
+            raise SpaceError(f"{where}: missing [{key}]")
+        return {}
+    if not isinstance(value, dict):
+        raise SpaceError(f"{where}: [{key}] must be a table")
+    return value
+
+
+def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    missing = required - set(entry)
+    if missing:
+        raise SpaceError(f"{where}: missing {', '.join(sorted(missing))}")
+    unknown = set(entry) - required - set(optional)
+    if unknown:
+        raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+
+
+def _parse(data: Mapping[str, Any], path: Path) -> Space:
+    where = str(path)
+    _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints"})
+
+    fam = _table(data, "family", where)
+    _keys(fam, f"{where} [family]", {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
+          {"description", "arch_suffix"})
+    if fam["name"] != path.stem:
+        raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
+    for key in ("source", "config_header"):
+        if not (KERNEL_SRC / fam[key]).is_file():
+            raise SpaceError(f"{where}: [family] {key} {fam[key]!r} is not a file under {KERNEL_SRC}")
+    bad_dtypes = set(fam["dtypes"]) - set(DTYPES)
+    if bad_dtypes or not fam["dtypes"]:
+        raise SpaceError(f"{where}: [family] dtypes must be a non-empty subset of {sorted(DTYPES)}")
+    if not fam["head_dims"] or not all(isinstance(d, int) and d > 0 for d in fam["head_dims"]):
+        raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers")
+    family = Family(
+        name=fam["name"], description=fam.get("description", ""), source=fam["source"],
+        config_header=fam["config_header"], entry=fam["entry"], abi=fam["abi"], min_arch=int(fam["min_arch"]),
+        arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(fam["head_dims"]), dtypes=tuple(fam["dtypes"]),
+    )
+
+    knobs: list[Knob] = []
+    macros: set[str] = set(PROBLEM_MACROS)
+    known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)
+    knob_tables = _table(data, "knobs", where)
+    if not knob_tables:
+        raise SpaceError(f"{where}: [knobs] declares no knob")
+    for name, entry in knob_tables.items():
+        kw = f"{where} [knobs.{name}]"
+        _keys(entry, kw, {"macro", "values", "default", "help"})
+        _check_name(name, kw, known)
+        _check_macro(entry["macro"], kw, macros)
+        values = entry["values"]
+        if not isinstance(values, list) or not values:
+            raise SpaceError(f"{kw}: values must be a non-empty list")
+        if not all(isinstance(v, int) for v in values):
+            raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values}")
+        if len(set(values)) != len(values):
+            raise SpaceError(f"{kw}: values repeat: {values}")
+        if entry["default"] not in values:
+            raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
+        knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"]))
+        known.add(name)
+
+    derived: list[Derived] = []
+    for name, entry in _table(data, "derived", where, required=False).items():
+        kw = f"{where} [derived.{name}]"
+        _keys(entry, kw, {"expr"}, {"macro", "help"})
+        _check_name(name, kw, known)
+        if "macro" in entry:
+            _check_macro(entry["macro"], kw, macros)
+        expr = _expr(entry["expr"], kw, known)
+        derived.append(Derived(name, expr, entry.get("macro"), entry.get("help", "")))
+        known.add(name)
+
+    constraints: list[Constraint] = []
+    for name, entry in _table(data, "constraints", where, required=False).items():
+        kw = f"{where} [constraints.{name}]"
+        _keys(entry, kw, {"expr", "message"})
+        expr = _expr(entry["expr"], kw, known)
+        _check_message(entry["message"], kw, known)
+        constraints.append(Constraint(name, expr, entry["message"]))
+
+    launch = _table(data, "launch", where)
+    kw = f"{where} [launch]"
+    _keys(launch, kw, {"threads", "smem_bytes", "grid"})
+    if not isinstance(launch["grid"], list) or len(launch["grid"]) != 3:
+        raise SpaceError(f"{kw}: grid must be a list of three expressions")
+    grid = tuple(_expr(str(g), kw, known) for g in launch["grid"])
+    return Space(
+        family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
+        launch_threads=_expr(str(launch["threads"]), kw, known),
+        launch_smem_bytes=_expr(str(launch["smem_bytes"]), kw, known),
+        launch_grid=grid,  # type: ignore[arg-type]
+        path=path,
+    )
+
+
+def _check_name(name: str, where: str, known: set[str]) -> None:
+    if not _NAME.match(name):
+        raise SpaceError(f"{where}: name must be lower_snake_case")
+    if name in known:
+        raise SpaceError(f"{where}: name {name!r} is already used by a knob, derived value, problem or device field")
+
+
+def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
+    if not isinstance(macro, str) or not _MACRO.match(macro):
+        raise SpaceError(f"{where}: macro {macro!r} must look like FT_UPPER_CASE")
+    if macro in macros:
+        raise SpaceError(f"{where}: macro {macro} is used twice")
+    macros.add(macro)
+
+
+def _expr(text: Any, where: str, known: set[str]) -> Expr:
+    try:
+        expr = compile_expr(text)
+    except ExprError as e:
+        raise SpaceError(f"{where}: {e}") from None
+    missing = sorted(expr.names - known)
+    if missing:
+        raise SpaceError(f"{where}: {text!r} uses unknown name(s) {', '.join(missing)} "
+                         "(knobs and derived values must be declared before use)")
+    return expr
+
+
+def _check_message(message: Any, where: str, known: set[str]) -> None:
+    if not isinstance(message, str) or not message:
+        raise SpaceError(f"{where}: message must be a non-empty string")
+    fields = set(re.findall(r"{(\w+)", message))
+    if fields - known:
+        raise SpaceError(f"{where}: message uses unknown name(s) {', '.join(sorted(fields - known))}")
