@@ -73,44 +73,97 @@ def _start_worker(device: int):
 
 
 # -- commands ----------------------------------------------------------------------------------
-def cmd_tune(args: argparse.Namespace) -> int:
-    from . import study as st
+def _gpus(text: str) -> list[int]:
+    """``0``, ``0,2,3`` or ``all``."""
+    if text == "all":
+        from .worker import Worker, WorkerError
+
+        with Worker(device=0) as worker:
+            try:
+                return list(range(worker.call("device_count", timeout_s=120)))
+            except WorkerError as e:
+                raise UsageError(f"no usable GPU: {str(e).splitlines()[-1]}") from None
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--gpus takes device indices like 0,1,3 or 'all', not {text!r}") from None
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise UsageError(f"--gpus must list distinct device indices, got {text!r}")
+    return gpus
+
+
+def _settings(args: argparse.Namespace, n_trials: int | None):
     from .jobs import MeasureSettings
-    from .progress import Progress
-    from .retime import retime_top
+    from .tune import TuneSettings
+
+    if n_trials is not None and n_trials <= 0:
+        raise UsageError("--trials must be positive")
+    return TuneSettings(n_trials=n_trials, timeout_s=args.timeout, compile_workers=args.compile_workers,
+                        trial_timeout_s=args.trial_timeout, measure=MeasureSettings(seed=args.seed or 0))
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .run import RunSpec, gpu_infos, prepare_study, run_on_gpus
+    from .storage import mask_url
+
+    if getattr(args, "suite", None):
+        return _tune_suite(args)
+    problem = _problem(args)
+    spec = RunSpec(family=args.family, problem=problem, storage_url=args.storage, study_name=args.study or "",
+                   sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
+    _validate_early(spec)
+    gpus = _gpus(args.gpus)
+    infos = gpu_infos(gpus)
+    spec = prepare_study(spec, infos[0])
+    print(f"study {spec.study_name} in {mask_url(spec.storage_url)} on {len(gpus)} x {infos[0]['name']} "
+          f"(sm_{infos[0]['arch']}, driver {infos[0]['driver']})", file=sys.stderr)
+    run_on_gpus(spec, gpus, infos)
+    return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .run import gpu_infos, run_on_gpus, spec_from_study
+
+    spec = spec_from_study(args.storage, args.study, n_trials=args.trials, settings=_settings(args, args.trials))
+    gpus = _gpus(args.gpus)
+    run_on_gpus(spec, gpus, gpu_infos(gpus))
+    if args.top_k > 0:
+        return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
+    return 0
+
+
+def _validate_early(spec) -> None:
+    """Check what needs no GPU before starting one, so bad input fails fast and touches nothing."""
     from .search import make_sampler
     from .space import load_space
-    from .storage import mask_url, open_storage
-    from .tune import TuneSettings, tune
+    from .storage import open_storage
 
-    space = load_space(args.family)
-    problem = _problem(args)
-    unsupported = space.supports(problem)
+    space = load_space(spec.family)
+    unsupported = space.supports(spec.problem)
     if unsupported:
         raise UsageError(unsupported)
-    if args.trials is not None and args.trials <= 0:
-        raise UsageError("--trials must be positive")
-    storage = open_storage(args.storage)
-    sampler = make_sampler(args.sampler, space, args.seed)
-    worker, info = _start_worker(args.gpu)
-    with worker:
-        device = DeviceLimits.from_info(info)
-        if device.arch < space.family.min_arch:
-            raise UsageError(f"family {space.name} needs sm_{space.family.min_arch}+, GPU {info['name']} is sm_{device.arch}")
-        name = args.study or st.default_study_name(space, device.arch, str(info["name"]), problem)
-        study = st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=info, sampler=sampler)
-        print(f"study {name} in {mask_url(args.storage)} on {info['name']} (sm_{device.arch}, driver {info['driver']})",
-              file=sys.stderr)
-        settings = TuneSettings(n_trials=args.trials, timeout_s=args.timeout, compile_workers=args.compile_workers,
-                                trial_timeout_s=args.trial_timeout, measure=MeasureSettings(seed=args.seed or 0))
-        measure = lambda job: worker.measure(job, timeout_s=settings.trial_timeout_s)  # noqa: E731
-        summary = tune(study, space, problem, device, measure, settings, progress=Progress())
-        print(f"stopped: {summary.stopped_because}; {summary.infeasible} statically infeasible, "
-              f"{summary.failed} failed, {summary.duplicates} duplicate proposals", file=sys.stderr)
-        if args.top_k > 0:
-            print(f"re-timing the top {args.top_k} configs and the default, {args.rounds} rounds ...", file=sys.stderr)
-            retime_top(study, space, problem, device, measure, top_k=args.top_k, rounds=args.rounds,
-                       settings=settings.measure)
+    make_sampler(spec.sampler, space, spec.seed)
+    open_storage(spec.storage_url)
+
+
+def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
+    import optuna
+
+    from .devices import DeviceLimits
+    from .retime import retime_top
+    from .space import load_space
+    from .storage import open_storage
+    from .worker import Worker
+
+    study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec.storage_url))
+    if top_k > 0:
+        print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
+        with Worker(device=gpu) as worker:
+            device = DeviceLimits.from_info(worker.call("device_info", timeout_s=120))
+            timeout = spec.settings.trial_timeout_s
+            retime_top(study, load_space(spec.family), spec.problem, device,
+                       lambda job: worker.measure(job, timeout_s=timeout), top_k=top_k, rounds=rounds,
+                       settings=spec.settings.measure)
     return _print_best(study, as_json=False)
 
 
@@ -147,12 +200,11 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 def cmd_studies(args: argparse.Namespace) -> int:
     from .study import describe
-    from .storage import open_storage
+    from .storage import mask_url, open_storage
 
     rows = describe(open_storage(args.storage))
     if not rows:
-        print("no flashtune studies in this storage", file=sys.stderr)
-        return 0
+        raise UsageError(f"no flashtune studies in {mask_url(args.storage)}; `flashtune tune` creates one")
     print(f"{'study':<64} {'trials':>6} {'ok':>4} {'best TFLOPS':>11} {'retimed':>8}  gpu")
     for r in rows:
         best = f"{r.best_tflops:.1f}" if r.best_tflops is not None else "-"
@@ -182,7 +234,80 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_suite(args: argparse.Namespace) -> int:
+    """``tune --suite FILE``: every problem of the suite through the same path as one ``tune``; finished
+    studies (trial target reached, winner re-timed) are skipped, so rerunning the command resumes."""
+    from .run import gpu_infos
+    from .space import load_space
+    from .storage import open_storage
+    from .study import default_study_name
+    from .suite import is_finished, load_suite, suite_storage
+
+    if args.study:
+        raise UsageError("--study names one study; with --suite every problem gets its default study name")
+    suite = load_suite(args.suite)
+    storage_url = suite_storage(suite, args.storage)
+    storage, space = open_storage(storage_url), load_space(suite.family)
+    info = gpu_infos(_gpus(args.gpus))[0]
+    rc = 0
+    for i, problem in enumerate(suite.problems, 1):
+        name = default_study_name(space, int(info["arch"]), str(info["name"]), problem)
+        head = f"suite {suite.name} [{i}/{len(suite.problems)}] {problem.slug()}"
+        if is_finished(storage, name, args.trials):
+            print(f"{head}: study {name} is finished, skipped", file=sys.stderr)
+            continue
+        print(f"{head}: study {name}", file=sys.stderr)
+        one = argparse.Namespace(**{**vars(args), "suite": None, "family": suite.family, "storage": storage_url,
+                                    "dtype": problem.dtype, "head_dim": problem.head_dim, "causal": problem.causal,
+                                    "batch": problem.batch, "seqlen": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+                                    "heads": problem.heads_q, "kv_heads": problem.heads_kv})
+        rc = max(rc, cmd_tune(one))
+    return rc
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .dispatch import export_dispatch
+    from .export import check_output_path, export_study, write_text
+
+    if args.output:
+        check_output_path(args.output)
+    if args.dispatch:
+        if not args.study and not args.suite:
+            raise UsageError("--dispatch needs --study PATTERN (a glob over study names) and/or --suite FILE")
+        text = export_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
+    elif args.suite or not args.study:
+        raise UsageError("export one study with --study NAME, or several with --dispatch (--study PATTERN, --suite FILE)")
+    else:
+        text = export_study(args.storage, args.study)
+    if args.output:
+        print(f"wrote {write_text(text, args.output)}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .export import check_output_path, write_text
+    from .report import build_report
+
+    if args.output:
+        check_output_path(args.output)
+    text, stem = build_report(args.storage, study=args.study, suite_path=args.suite)
+    path = write_text(text, args.output or f"{stem}.html")
+    print(f"wrote {path} ({len(text) // 1024} KiB): open it in a browser, no server needed", file=sys.stderr)
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------------
+def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
+    p.add_argument("--gpus", default="0", help="CUDA devices: 0, 0,1,3 or all; one measuring process each (default 0)")
+    p.add_argument("--compile-workers", type=int, default=default_compile_workers(),
+                   help="CPU processes compiling ahead, shared by the GPUs (default %(default)s)")
+    p.add_argument("--trial-timeout", type=float, default=120.0, help="seconds before a trial counts as hung")
+    p.add_argument("--top-k", type=int, default=top_k, help="configs re-timed at the end (0: none; default %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .search import SAMPLERS
 
@@ -198,13 +323,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
     p.add_argument("--sampler", default="tpe", choices=sorted(SAMPLERS), help="search algorithm (default %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="sampler and input seed")
-    p.add_argument("--gpu", type=int, default=0, help="CUDA device index (default %(default)s)")
-    p.add_argument("--compile-workers", type=int, default=default_compile_workers(),
-                   help="CPU processes compiling ahead (default %(default)s)")
-    p.add_argument("--trial-timeout", type=float, default=120.0, help="seconds before a trial counts as hung")
-    p.add_argument("--top-k", type=int, default=5, help="configs re-timed at the end (0: none; default %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default %(default)s)")
+    _add_run_options(p)
+    p.add_argument("--suite", help="tune every problem of a suite file (studies/*.toml) instead; reruns resume")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("worker", help="join an existing study from this host (several hosts: a shared PostgreSQL URL)")
+    p.add_argument("--study", required=True, help="the study to join")
+    _add_storage(p)
+    p.add_argument("--trials", type=int, default=None, help="override the study's trial target")
+    p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
+    p.add_argument("--seed", type=int, default=None, help="input seed")
+    _add_run_options(p, top_k=0)
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("best", help="print the best config of a study")
     p.add_argument("--study", required=True)
@@ -231,6 +361,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", help="take the config from this study's winner instead")
     p.add_argument("--gpu", type=int, default=0)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
+    p.add_argument("--study", help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
+    p.add_argument("--dispatch", action="store_true", help="one C++17 header that selects a config per shape")
+    p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
+    _add_storage(p)
+    p.add_argument("-o", "--output", help="header file to write (default: standard output)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a study (and of a suite)")
+    p.add_argument("--study", help="the study to report on")
+    p.add_argument("--suite", help="add a page comparing the winning configs across the shapes of this suite")
+    _add_storage(p)
+    p.add_argument("-o", "--output", help="HTML file to write (default: <study or suite>.html)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

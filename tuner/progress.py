@@ -12,9 +12,10 @@ __all__ = ["Progress"]
 class Progress:
     """Callable fed by :func:`tuner.tune.tune` with ``{"evaluated", "target", "best_tflops", "compiling", ...}``."""
 
-    def __init__(self, stream: TextIO | None = None, *, every_s: float = 10.0) -> None:
+    def __init__(self, stream: TextIO | None = None, *, every_s: float = 10.0, prefix: str = "") -> None:
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
+        self.prefix = prefix
+        self.tty = self.stream.isatty() and not prefix  # several processes: plain lines, not redraws
         self.every_s = every_s
         self.start = time.monotonic()
         self._last = 0.0
@@ -32,7 +33,7 @@ class Progress:
             filled = int(20 * min(done, target) / target)
             bar = "[" + "#" * filled + "." * (20 - filled) + "] "
         best = state.get("best_tflops")
-        line = (f"{bar}{done}/{target or '∞'} trials  best {best:.1f} TFLOPS" if best is not None
+        line = self.prefix + (f"{bar}{done}/{target or '∞'} trials  best {best:.1f} TFLOPS" if best is not None
                 else f"{bar}{done}/{target or '∞'} trials  best -")
         line += (f"  compiling {state.get('compiling', 0)}  infeasible {state.get('infeasible', 0)}"
                  f"  failed {state.get('failed', 0)}  {now - self.start:.0f}s")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
+import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import optuna
 from sqlalchemy.engine import make_url
@@ -11,7 +16,9 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .errors import FlashtuneError
 
-__all__ = ["DEFAULT_STORAGE", "StorageError", "mask_url", "open_storage"]
+__all__ = ["DEFAULT_STORAGE", "StorageError", "mask_url", "open_storage", "retrying"]
+
+T = TypeVar("T")
 
 DEFAULT_STORAGE = "sqlite:///studies/flashtune.db"
 
@@ -44,8 +51,14 @@ def _check_sqlite_file(database: str) -> None:
                            "not an Optuna study database; choose another --storage")
 
 
-def open_storage(url: str | None = None, *, heartbeat_interval: int | None = None) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`."""
+def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
+
+    Heartbeats are on (see :mod:`tuner.heartbeat`): a trial whose tuner died is failed and
+    re-enqueued by whichever tuner notices first.
+    """
+    from .heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, requeue_stale
+
     url = url or DEFAULT_STORAGE
     try:
         parsed = make_url(url)
@@ -54,12 +67,41 @@ def open_storage(url: str | None = None, *, heartbeat_interval: int | None = Non
                            "postgresql+psycopg://user:password@host/db") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
         _check_sqlite_file(parsed.database)
-    engine_kwargs = {"pool_pre_ping": True} if parsed.get_backend_name() != "sqlite" else {}
+    if parsed.get_backend_name() == "sqlite":  # wait for the write lock (heartbeat thread, other tuners)
+        engine_kwargs: dict = {"connect_args": {"timeout": 60}}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval)
+        with warnings.catch_warnings():  # heartbeats are on on purpose: no "experimental feature" line on stderr
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                              grace_period=GRACE_PERIOD_S, heartbeat_stale_trial_callback=requeue_stale)
     except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if parsed.password:
             reason = reason.replace(str(parsed.password), "***")
         raise StorageError(f"cannot open storage {mask_url(url)}: {reason}") from None
 
+
+
+def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0,
+             log=None) -> T:
+    """Run a storage operation; while the database is unreachable, retry with doubling delays.
+
+    Says so on stderr at each retry; after ``attempts`` tries raises :class:`StorageError` (what
+    was stored stays stored: rerunning the same command resumes).
+    """
+    delay = first_delay_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            if attempt == attempts:
+                raise StorageError(f"storage unreachable while {what} after {attempts} attempts ({reason}); "
+                                   "finished trials are stored: rerun the same command to resume") from None
+            print(f"flashtune: storage unreachable while {what} ({reason}); retry {attempt}/{attempts - 1} "
+                  f"in {delay:.0f} s", file=log or sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, 30.0)
+    raise AssertionError("unreachable")

@@ -12,6 +12,7 @@ import functools
 import multiprocessing as mp
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,10 +24,12 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from . import study as st
 from .compile import CompiledKernel, CompileError, compile_config
 from .devices import DeviceLimits
+from .heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, recover_stale
 from .jobs import MeasureJob, MeasureResult, MeasureSettings
 from .problem import Problem
 from .search import distributions
 from .space import Config, Space, config_key, load_space
+from .storage import retrying
 
 __all__ = ["CompileOutcome", "default_compile_workers", "TuneSettings", "TuneSummary", "compile_outcome", "measure_job_for", "tune"]
 
@@ -45,6 +48,8 @@ class TuneSettings:
     compile_timeout_s: float = 600.0
     trial_timeout_s: float = 120.0
     max_idle_asks: int = 200  # consecutive asks that measure nothing before the space counts as exhausted
+    storage_retries: int = 6  # attempts per storage operation ...
+    storage_retry_delay_s: float = 1.0  # ... waiting this long after the first failure, doubling each time
     measure: MeasureSettings = field(default_factory=MeasureSettings)
 
 
@@ -100,76 +105,138 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
          measure: Callable[[MeasureJob], MeasureResult], settings: TuneSettings, *,
          compiler: Callable[..., CompileOutcome] = compile_outcome,
          progress: Callable[[dict[str, Any]], None] | None = None) -> TuneSummary:
-    """Run trials until ``settings.n_trials`` measured trials exist, the time is up, or the space is exhausted."""
+    """Run trials until the study holds ``settings.n_trials`` evaluated trials, time is up, or the space is exhausted.
+
+    Several processes (GPUs, hosts) may run this on one study at once: the budget, the
+    de-duplication and stale-trial recovery read the shared storage, not local state.
+    """
     dists = distributions(space)
-    seen: dict[str, FrozenTrial] = st.finished_by_config(study)
-    summary = TuneSummary(evaluated=_evaluated(study))
+    summary = TuneSummary()
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
     pending: deque[_Pending] = deque()
+    waiting: dict[str, list[Trial]] = {}  # proposed again while pending: settled when the first one finishes
     idle_asks = 0
-    ctx = mp.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(max_workers=settings.compile_workers, mp_context=ctx)
+    storage_call = functools.partial(retrying, attempts=settings.storage_retries,
+                                     first_delay_s=settings.storage_retry_delay_s)
+    pool = _compile_pool(settings)
+    heartbeat = Heartbeat(study._storage)
+    last_recovery = 0.0
+    state = _StudyState()
 
     def budget_left() -> bool:
-        if settings.n_trials is not None and summary.evaluated + len(pending) >= settings.n_trials:
+        if deadline is not None and time.monotonic() >= deadline:
             return False
-        return deadline is None or time.monotonic() < deadline
+        return settings.n_trials is None or state.evaluated + state.running < settings.n_trials
 
     def report(event: str) -> None:
-        best = _best(study)
-        summary.best_tflops = best
+        summary.best_tflops = state.best
         if progress:
-            progress({"event": event, "evaluated": summary.evaluated, "target": settings.n_trials,
-                      "best_tflops": best, "compiling": len(pending), "infeasible": summary.infeasible,
+            progress({"event": event, "evaluated": state.evaluated, "target": settings.n_trials,
+                      "best_tflops": state.best, "compiling": len(pending), "infeasible": summary.infeasible,
                       "failed": summary.failed})
 
-    try:
-        while True:
-            # keep the compile queue full
-            while len(pending) < settings.compile_ahead and budget_left() and idle_asks < settings.max_idle_asks:
-                trial = study.ask(dists)
-                config = space.validate(trial.params)
-                key = config_key(config)
-                trial.set_user_attr(st.CONFIG_KEY, key)
-                if key in seen:
-                    _tell_duplicate(study, trial, seen[key])
-                    summary.duplicates += 1
-                    idle_asks += 1
+    with warnings.catch_warnings(), heartbeat:
+        # the storage beats for ask/tell trials through `heartbeat`; Optuna's warning assumes optimize()
+        warnings.filterwarnings("ignore", message=".*Heartbeat.*", category=UserWarning)
+        try:
+            while True:
+                if time.monotonic() - last_recovery > HEARTBEAT_INTERVAL_S:
+                    storage_call(lambda: recover_stale(study, frozenset(dists)), what="stale-trial recovery")
+                    last_recovery = time.monotonic()
+                storage_call(lambda: state.refresh(study), what="reading the study")
+                # keep the compile queue full
+                while len(pending) < settings.compile_ahead and budget_left() and idle_asks < settings.max_idle_asks:
+                    trial = storage_call(lambda: study.ask(dists), what="asking for a trial")
+                    heartbeat.hold(trial)
+                    state.running += 1
+                    config = space.validate(trial.params)
+                    key = config_key(config)
+                    if key in state.seen:
+                        _finish_duplicate(study, trial, state.seen[key], storage_call)
+                        summary.duplicates += 1
+                        idle_asks += 1
+                    elif any(config_key(p.config) == key for p in pending):
+                        waiting.setdefault(key, []).append(trial)
+                        summary.duplicates += 1
+                        idle_asks += 1
+                        continue
+                    elif (reason := space.check(config, problem, device)) is not None:
+                        state.seen[key] = _finish(study, trial, storage_call, status="infeasible", reason=reason)
+                        summary.infeasible += 1
+                        idle_asks += 1
+                        report("infeasible")
+                    else:
+                        idle_asks = 0
+                        try:
+                            future = pool.submit(compiler, str(space.path), config, problem, device)
+                        except cf.process.BrokenProcessPool:  # a compile process was killed (OOM, say): renew
+                            pool.shutdown(wait=False, cancel_futures=True)
+                            pool = _compile_pool(settings)
+                            future = pool.submit(compiler, str(space.path), config, problem, device)
+                        pending.append(_Pending(trial, config, future, time.monotonic()))
+                        continue
+                    heartbeat.release(trial)
+                    state.running -= 1
+                if not pending and _others_may_finish(state, settings, deadline, idle_asks):
+                    time.sleep(HEARTBEAT_INTERVAL_S)  # trials held elsewhere: they finish, or go stale and return
                     continue
-                reason = space.check(config, problem, device)
-                if reason:
-                    seen[key] = _tell_pruned(study, trial, "infeasible", reason)
-                    summary.infeasible += 1
-                    idle_asks += 1
-                    report("infeasible")
-                    continue
-                idle_asks = 0
-                future = pool.submit(compiler, str(space.path), config, problem, device)
-                pending.append(_Pending(trial, config, future, time.monotonic()))
-            if not pending:
-                if idle_asks >= settings.max_idle_asks:
-                    summary.stopped_because = f"no new feasible config in {idle_asks} proposals: space exhausted"
-                elif settings.n_trials is not None and summary.evaluated >= settings.n_trials:
-                    summary.stopped_because = f"{summary.evaluated} evaluated trials reached"
-                else:
-                    summary.stopped_because = "time budget used"
-                break
-            item = pending.popleft()
-            seen[config_key(item.config)] = _run_one(study, space, problem, device, measure, settings, item, summary)
-            report("trial")
-    finally:
-        for item in pending:  # interrupted: leave nothing RUNNING
-            item.future.cancel()
-            item.trial.set_user_attr(st.STATUS, "interrupted")
-            study.tell(item.trial, state=TrialState.FAIL)
-        pool.shutdown(wait=False, cancel_futures=True)
+                if not pending:
+                    if idle_asks >= settings.max_idle_asks:
+                        summary.stopped_because = f"no new feasible config in {idle_asks} proposals: space exhausted"
+                    elif deadline is not None and time.monotonic() >= deadline:
+                        summary.stopped_because = "time budget used"
+                    else:
+                        summary.stopped_because = f"the study holds {state.evaluated} evaluated trials"
+                    break
+                item = pending[0]  # stays pending until told, so that an interruption fails it too
+                frozen = _run_one(study, space, problem, device, measure, settings, item, summary, storage_call)
+                pending.popleft()
+                heartbeat.release(item.trial)
+                state.seen[config_key(item.config)] = frozen
+                for duplicate in waiting.pop(config_key(item.config), []):
+                    _finish_duplicate(study, duplicate, frozen, storage_call)
+                    heartbeat.release(duplicate)
+                report("trial")
+        finally:
+            for item in pending:
+                item.future.cancel()
+            for trial in [item.trial for item in pending] + [t for dups in waiting.values() for t in dups]:
+                try:  # interrupted: leave nothing RUNNING
+                    _finish(study, trial, storage_call, status="interrupted", reason="the tuner stopped",
+                            state=TrialState.FAIL)
+                except Exception:  # noqa: BLE001 - the storage is gone; the heartbeat lets others recover it
+                    pass
+            pool.shutdown(wait=False, cancel_futures=True)
+    storage_call(lambda: state.refresh(study), what="reading the study")
     report("done")
     return summary
 
 
+def _compile_pool(settings: TuneSettings) -> cf.ProcessPoolExecutor:
+    return cf.ProcessPoolExecutor(max_workers=settings.compile_workers, mp_context=mp.get_context("spawn"))
+
+
+class _StudyState:
+    """What the loop needs to know about the shared study, re-read from storage each round."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, FrozenTrial] = {}
+        self.evaluated = 0
+        self.running = 0
+        self.best: float | None = None
+
+    def refresh(self, study: optuna.Study) -> None:
+        trials = study.get_trials(deepcopy=False)
+        self.seen = st.finished_by_config(study, trials)
+        self.evaluated = sum(1 for t in trials if _counts(t))
+        self.running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        values = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+        self.best = max(values) if values else None
+
+
 def _run_one(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
              measure: Callable[[MeasureJob], MeasureResult], settings: TuneSettings, item: _Pending,
-             summary: TuneSummary) -> FrozenTrial:
+             summary: TuneSummary, storage_call: Callable[..., Any]) -> FrozenTrial:
     trial = item.trial
     remaining = settings.compile_timeout_s - (time.monotonic() - item.submitted)
     summary.evaluated += 1
@@ -177,50 +244,71 @@ def _run_one(study: optuna.Study, space: Space, problem: Problem, device: Device
         outcome: CompileOutcome = item.future.result(timeout=max(1.0, remaining))
     except cf.TimeoutError:
         summary.failed += 1
-        return _tell_pruned(study, trial, "compile_timeout", f"compile took over {settings.compile_timeout_s:.0f} s")
+        return _finish(study, trial, storage_call, status="compile_timeout",
+                       reason=f"compile took over {settings.compile_timeout_s:.0f} s")
     except cf.process.BrokenProcessPool as e:
         summary.failed += 1
-        return _tell_pruned(study, trial, "compile_error", f"compile process died: {e}")
+        return _finish(study, trial, storage_call, status="compile_error", reason=f"compile process died: {e}")
     if outcome.status != "ok" or outcome.kernel is None:
         summary.failed += 1
-        return _tell_pruned(study, trial, outcome.status, outcome.reason)
+        return _finish(study, trial, storage_call, status=outcome.status, reason=outcome.reason)
     kernel = outcome.kernel
-    trial.set_user_attr(st.RESOURCES, kernel.resources.to_dict())
-    trial.set_user_attr(st.COMPILE, {"seconds": round(kernel.seconds, 3), "cached": kernel.cached, "arch": kernel.arch})
+    attrs = {
+        st.RESOURCES: kernel.resources.to_dict(),
+        st.COMPILE: {"seconds": round(kernel.seconds, 3), "cached": kernel.cached, "arch": kernel.arch},
+    }
     job = measure_job_for(space, item.config, problem, device, kernel, settings.measure, tag=f"trial-{trial.number}")
     result = measure(job)
-    trial.set_user_attr(st.MEASUREMENT, {k: v for k, v in result.to_dict().items() if k not in ("status", "detail")})
+    attrs[st.MEASUREMENT] = {k: v for k, v in result.to_dict().items() if k not in ("status", "detail")}
     if not result.ok:
         summary.failed += 1
-        return _tell_pruned(study, trial, result.status, result.detail)
-    trial.set_user_attr(st.STATUS, "ok")
-    return study.tell(trial, result.tflops)
+        return _finish(study, trial, storage_call, status=result.status, reason=result.detail, attrs=attrs)
+    return _finish(study, trial, storage_call, status="ok", attrs=attrs, value=result.tflops)
 
 
-def _tell_pruned(study: optuna.Study, trial: Trial, status: str, reason: str) -> FrozenTrial:
-    trial.set_user_attr(st.STATUS, status)
-    trial.set_user_attr(st.REASON, reason[:1000])
-    return study.tell(trial, state=TrialState.PRUNED)
+def _finish(study: optuna.Study, trial: Trial, storage_call: Callable[..., Any], *, status: str, reason: str = "",
+            attrs: dict[str, Any] | None = None, value: float | None = None,
+            state: TrialState | None = None) -> FrozenTrial:
+    """Store the trial's attributes and its outcome in one retried step.
+
+    ``value`` given: COMPLETE; otherwise ``state`` (default PRUNED, which samplers treat as bad).
+    """
+    attrs = {st.CONFIG_KEY: config_key(trial.params), st.STATUS: status, **(attrs or {})}
+    if reason:
+        attrs[st.REASON] = reason[:1000]
+
+    def store() -> FrozenTrial:
+        for key, v in attrs.items():
+            trial.set_user_attr(key, v)
+        try:
+            if value is not None:
+                return study.tell(trial, value)
+            return study.tell(trial, state=state or TrialState.PRUNED)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return study._storage.get_trial(trial._trial_id)  # an earlier attempt did commit
+
+    return storage_call(store, what=f"storing trial {trial.number}")
 
 
-def _tell_duplicate(study: optuna.Study, trial: Trial, original: FrozenTrial) -> None:
-    """The sampler proposed a config already measured: give it the same outcome, measured once."""
-    trial.set_user_attr(st.DUPLICATE_OF, original.number)
-    for key in (st.STATUS, st.REASON):
-        if key in original.user_attrs:
-            trial.set_user_attr(key, original.user_attrs[key])
+def _finish_duplicate(study: optuna.Study, trial: Trial, original: FrozenTrial,
+                      storage_call: Callable[..., Any]) -> FrozenTrial:
+    """The sampler proposed a config already evaluated: give it the same outcome without measuring again."""
+    attrs = {st.DUPLICATE_OF: original.number}
+    status = original.user_attrs.get(st.STATUS, "ok")
     if original.state == TrialState.COMPLETE:
-        study.tell(trial, original.value)
-    else:
-        study.tell(trial, state=TrialState.PRUNED)
+        return _finish(study, trial, storage_call, status=status, attrs=attrs, value=original.value)
+    return _finish(study, trial, storage_call, status=status, reason=original.user_attrs.get(st.REASON, ""),
+                   attrs=attrs)
 
 
-def _evaluated(study: optuna.Study) -> int:
-    """Finished trials that count against the budget: all but static rejections and duplicates."""
-    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-               if t.user_attrs.get(st.STATUS) not in (None, "infeasible") and st.DUPLICATE_OF not in t.user_attrs)
+def _others_may_finish(state: _StudyState, settings: TuneSettings, deadline: float | None, idle_asks: int) -> bool:
+    """The budget is held by RUNNING trials of other processes (or of a dead one, until recovered)."""
+    if settings.n_trials is None or state.evaluated >= settings.n_trials or idle_asks >= settings.max_idle_asks:
+        return False
+    return state.running > 0 and (deadline is None or time.monotonic() < deadline)
 
 
-def _best(study: optuna.Study) -> float | None:
-    values = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
-    return max(values) if values else None
+def _counts(t: FrozenTrial) -> bool:
+    """Whether a trial counts against the budget: finished, past the static check, not a duplicate."""
+    return (t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get(st.STATUS) not in (None, "infeasible")
+            and st.DUPLICATE_OF not in t.user_attrs)

@@ -10,6 +10,8 @@ import numpy as np
 
 __all__ = ["Kernel", "load_kernel", "ABIS"]
 
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
 
 def _flat_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, int]) -> tuple:
     """Arguments of ABI ``flat`` (kernel_src/README.md): pointers, sizes, element strides, scale."""
@@ -44,8 +46,8 @@ class Kernel:
         self.build_args = ABIS[abi]
         self.grid, self.threads, self.smem_bytes = grid, threads, smem_bytes
         self.config = dict(config)
-        if smem_bytes > 48 * 1024:
-            function.max_dynamic_shared_size_bytes = smem_bytes
+        if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
+            cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
 
     def args(self, q, k, v, o, lse, softmax_scale: float) -> tuple:
         return self.build_args(q, k, v, o, lse, softmax_scale=softmax_scale, config=self.config)

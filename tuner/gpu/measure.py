@@ -17,7 +17,7 @@ from .launch import load_kernel
 from .reference import masked_rows, reference_head
 from .tensors import poison, random_inputs, storage_dtype, to_float32
 
-__all__ = ["setup", "is_fatal", "device_info", "run_job", "check_kernel", "time_kernel"]
+__all__ = ["setup", "is_fatal", "device_count", "device_info", "run_job", "check_kernel", "time_kernel"]
 
 _FULL_CHECK_ELEMENTS = 1 << 28  # check every head when B*H*Nq*Nk is at most this
 _jobs_run = 0
@@ -40,6 +40,10 @@ def device_info(_: object = None) -> dict[str, object]:
     from .info import gpu_info
 
     return gpu_info()
+
+
+def device_count(_: object = None) -> int:
+    return cupy.cuda.runtime.getDeviceCount()
 
 
 def run_job(job: MeasureJob) -> MeasureResult:
