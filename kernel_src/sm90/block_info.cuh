@@ -1,0 +1,38 @@
+// Which query rows a CTA (and each of its consumer warpgroups) owns, and which key blocks
+// it must visit under the tail and (bottom-right aligned) causal masks.
+#pragma once
+
+#include "config.cuh"
+
+namespace ft_sm90 {
+
+struct BlockInfo {
+  int m_block, head, batch, kv_head;
+  int seqlen_q, seqlen_k;
+  int causal_offset;  // seqlen_k - seqlen_q: row i sees key j iff j <= i + causal_offset
+  int n_block_max;    // key blocks [0, n_block_max) are visited, from the last one down
+
+  __device__ __forceinline__ BlockInfo(int m_block_, int head_, int batch_, int seqlen_q_, int seqlen_k_, int heads_q,
+                                       int heads_kv)
+      : m_block(m_block_), head(head_), batch(batch_), kv_head(head_ / (heads_q / heads_kv)), seqlen_q(seqlen_q_),
+        seqlen_k(seqlen_k_), causal_offset(seqlen_k_ - seqlen_q_) {
+    n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
+    if constexpr (kIsCausal) {
+      const int row_end = min((m_block + 1) * kBlockM, seqlen_q);  // one past the last valid row
+      const int keys = row_end + causal_offset;                    // keys the last valid row sees
+      n_block_max = keys <= 0 ? 0 : min(n_block_max, (keys + kBlockN - 1) / kBlockN);
+    }
+  }
+
+  __device__ __forceinline__ int m0() const { return m_block * kBlockM; }
+
+  // Does key block n need masking for rows starting at first_row (tail or diagonal)?
+  __device__ __forceinline__ bool needs_mask(int n, int first_row) const {
+    const int key_end = (n + 1) * kBlockN;
+    bool mask = key_end > seqlen_k;
+    if constexpr (kIsCausal) mask |= key_end - 1 > first_row + causal_offset;
+    return mask;
+  }
+};
+
+}  // namespace ft_sm90

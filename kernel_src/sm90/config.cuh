@@ -1,0 +1,102 @@
+// Compile-time configuration of the sm90 family: the ONLY header that reads FT_* macros.
+//
+// Every knob of search_spaces/sm90.toml gets a default here, becomes a constexpr value,
+// and the space file's constraints are restated as static_asserts, so a config that the
+// space file refuses also fails to compile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// ---- problem macros (always passed by the host) ------------------------------------
+#ifndef FT_HEAD_DIM
+#define FT_HEAD_DIM 128
+#endif
+#ifndef FT_IS_BF16
+#define FT_IS_BF16 0
+#endif
+#ifndef FT_IS_CAUSAL
+#define FT_IS_CAUSAL 0
+#endif
+
+// ---- knobs ---------------------------------------------------------------------------
+#ifndef FT_KV_STAGES
+#define FT_KV_STAGES 2  // depth of the K ring and of the V ring
+#endif
+#ifndef FT_BLOCK_N
+#define FT_BLOCK_N 128  // keys per K/V tile (= N of the S = Q.K^T wgmma)
+#endif
+#ifndef FT_CONSUMER_WGS
+#define FT_CONSUMER_WGS 2  // consumer warpgroups, 64 query rows each
+#endif
+#ifndef FT_RESCALE_SLACK
+#define FT_RESCALE_SLACK 8  // lazy rescale: keep a stale row max up to this many log2 units
+#endif
+#ifndef FT_PRODUCER_REGS
+#define FT_PRODUCER_REGS 24  // setmaxnreg budget of the producer warpgroup
+#endif
+#ifndef FT_CONSUMER_REGS
+#define FT_CONSUMER_REGS 240  // setmaxnreg budget of each consumer warpgroup
+#endif
+#ifndef FT_INTRA_WG_OVERLAP
+#define FT_INTRA_WG_OVERLAP 1  // softmax of tile j runs while O += P_{j-1} V_{j-1} is in flight
+#endif
+#ifndef FT_PINGPONG
+#define FT_PINGPONG 0  // consumer warpgroups take turns issuing their GEMMs (named barriers)
+#endif
+
+// ---- derived -------------------------------------------------------------------------
+#ifndef FT_SMEM_BYTES
+#define FT_SMEM_BYTES \
+  ((64 * FT_CONSUMER_WGS + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2 + 1024 + 256)
+#endif
+
+namespace ft_sm90 {
+
+#if FT_IS_BF16
+using elem_t = __nv_bfloat16;
+#else
+using elem_t = __half;
+#endif
+
+constexpr bool kIsBf16 = FT_IS_BF16 != 0;
+constexpr bool kIsCausal = FT_IS_CAUSAL != 0;
+constexpr int kHeadDim = FT_HEAD_DIM;
+
+constexpr int kKvStages = FT_KV_STAGES;
+constexpr int kBlockN = FT_BLOCK_N;
+constexpr int kConsumerWgs = FT_CONSUMER_WGS;
+constexpr float kRescaleSlack = static_cast<float>(FT_RESCALE_SLACK);
+constexpr int kProducerRegs = FT_PRODUCER_REGS;
+constexpr int kConsumerRegs = FT_CONSUMER_REGS;
+constexpr bool kIntraWgOverlap = FT_INTRA_WG_OVERLAP != 0;
+constexpr bool kPingPong = FT_PINGPONG != 0;
+constexpr int kSmemBytes = FT_SMEM_BYTES;
+
+constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
+constexpr int kBlockM = kWgRows * kConsumerWgs;      // query rows per CTA
+constexpr int kThreads = 128 * (kConsumerWgs + 1);   // one producer warpgroup + the consumers
+constexpr int kPanelCols = 64;                       // 16-bit columns per 128-byte swizzle row
+constexpr int kPanels = kHeadDim / kPanelCols;       // TMA boxes (and smem panels) per tile
+constexpr int kSmemOptin = 232448;                   // H100/H200 opt-in shared memory per block
+// Registers per thread at kernel entry: the __launch_bounds__(kThreads, 1) cap, in units of 8.
+constexpr int kEntryRegs = (65536 / kThreads < 256 ? 65536 / kThreads : 256) / 8 * 8;
+
+// ---- constraints (the space file's, restated) ------------------------------------------
+static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim must be 64 or 128");
+static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
+              "block_n: wgmma N and the P.V k-steps need a multiple of 16 in [16, 256]");
+static_assert(kConsumerWgs >= 1 && kConsumerWgs <= 3, "1 to 3 consumer warpgroups");
+static_assert(kKvStages >= 2 && kKvStages <= 4, "kv_stages in [2, 4]");
+static_assert(FT_RESCALE_SLACK >= 0 && FT_RESCALE_SLACK <= 8,
+              "rescale_slack in [0, 8]: P <= 2^slack must stay far below the 16-bit maximum");
+static_assert(kProducerRegs % 8 == 0 && kProducerRegs >= 24 && kProducerRegs <= 256, "producer_regs");
+static_assert(kConsumerRegs % 8 == 0 && kConsumerRegs >= 24 && kConsumerRegs <= 256, "consumer_regs");
+static_assert(kProducerRegs <= kEntryRegs && kConsumerRegs >= kEntryRegs,
+              "setmaxnreg: the producer gives registers away, the consumers take them");
+static_assert(kProducerRegs + kConsumerWgs * kConsumerRegs <= (kConsumerWgs + 1) * kEntryRegs,
+              "setmaxnreg budgets exceed the registers the CTA is launched with");
+static_assert(!kPingPong || kConsumerWgs >= 2, "ping-pong needs at least two consumer warpgroups");
+static_assert(kSmemBytes <= kSmemOptin, "shared memory over the opt-in limit");
+
+}  // namespace ft_sm90

@@ -1,0 +1,219 @@
+// The two roles of the main loop: the producer warp issuing every TMA load, and a consumer
+// warpgroup computing S = Q K^T, the online softmax and O += P V with wgmma.
+#pragma once
+
+#include <cstdint>
+
+#include "block_info.cuh"
+#include "config.cuh"
+#include "named_barrier.cuh"
+#include "pipeline.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "smem_layout.cuh"
+#include "softmax.cuh"
+
+namespace ft_sm90 {
+
+using KvState = PipelineState<kKvStages>;
+constexpr int kSRegs = kBlockN / 2;    // S accumulator values per consumer thread
+constexpr int kORegs = kHeadDim / 2;   // O accumulator values per consumer thread
+constexpr int kPvSteps = kBlockN / 16; // k-steps of O += P V
+constexpr int kQkSteps = kHeadDim / 16;
+
+// ---- producer: one elected thread ---------------------------------------------------------
+__device__ __forceinline__ void producer_loads(SharedStorage& smem, const BlockInfo& blk, const ptx::TmaDesc* tma_q,
+                                               const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v) {
+  if (blk.n_block_max <= 0) return;  // nothing to load: the consumers write O = 0 without waiting
+  const uint64_t evict_first = ptx::l2_policy_evict_first();
+  const uint64_t evict_last = ptx::l2_policy_evict_last();
+
+  const uint32_t q_bar = ptx::smem_addr(&smem.q_full);
+  ptx::mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
+  for (int p = 0; p < kPanels; ++p)
+    ptx::tma_load_4d(ptx::smem_addr(smem.q) + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head,
+                     blk.batch, evict_first);
+
+  KvState st;
+  for (int n = blk.n_block_max - 1; n >= 0; --n) {
+    const uint32_t k_bar = smem.k_ring.producer_acquire(st, kKvTileBytes);
+    for (int p = 0; p < kPanels; ++p)
+      ptx::tma_load_4d(ptx::smem_addr(smem.k[st.index]) + p * kBlockN * kRowBytes, tma_k, k_bar, p * kPanelCols,
+                       n * kBlockN, blk.kv_head, blk.batch, evict_last);
+    const uint32_t v_bar = smem.v_ring.producer_acquire(st, kKvTileBytes);
+    for (int p = 0; p < kPanels; ++p)
+      ptx::tma_load_4d(ptx::smem_addr(smem.v[st.index]) + p * kBlockN * kRowBytes, tma_v, v_bar, p * kPanelCols,
+                       n * kBlockN, blk.kv_head, blk.batch, evict_last);
+    st.advance();
+  }
+}
+
+// ---- consumer warpgroup ------------------------------------------------------------------
+struct Consumer {
+  SharedStorage& smem;
+  const BlockInfo& blk;
+  int wg;         // consumer warpgroup index, 0 .. kConsumerWgs-1
+  int warp;       // warp within the warpgroup
+  int lane;
+  int first_row;  // first query row of this warpgroup
+
+  // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand the turn to the next.
+  __device__ __forceinline__ void begin_gemm_turn() const {
+    if constexpr (kPingPong) named_barrier_sync(barrier_id(BarrierId::kWgTurn0, wg), 256);
+  }
+  __device__ __forceinline__ void end_gemm_turn() const {
+    if constexpr (kPingPong) named_barrier_arrive(barrier_id(BarrierId::kWgTurn0, (wg + 1) % kConsumerWgs), 256);
+  }
+  // Before the loop: the last warpgroup opens the first turn for warpgroup 0.
+  __device__ __forceinline__ void init_turns() const {
+    if constexpr (kPingPong)
+      if (wg == kConsumerWgs - 1) named_barrier_arrive(barrier_id(BarrierId::kWgTurn0, 0), 256);
+  }
+  // After the loop: warpgroup 0 takes the turn left open by the last one.
+  __device__ __forceinline__ void close_turns() const {
+    if constexpr (kPingPong)
+      if (wg == 0) named_barrier_sync(barrier_id(BarrierId::kWgTurn0, 0), 256);
+  }
+
+  __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], const KvState& st) const {
+    const uint32_t q_base = ptx::smem_addr(smem.q);
+    const uint32_t k_base = ptx::smem_addr(smem.k[st.index]);
+#pragma unroll
+    for (int kk = 0; kk < kQkSteps; ++kk)
+      ptx::Wgmma<kBlockN>::template ss<kIsBf16, 0, 0>(s, q_desc(q_base, wg, kk), k_desc(k_base, kk), kk > 0);
+  }
+
+  __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPvSteps][4],
+                                           const KvState& st) const {
+    const uint32_t v_base = ptx::smem_addr(smem.v[st.index]);
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) ptx::Wgmma<kHeadDim>::template rs<kIsBf16, 1>(o, p[kk], v_desc(v_base, kk), 1);
+  }
+
+  __device__ __forceinline__ void release(RingBarriers<kKvStages>& ring, const KvState& st) const {
+    if (lane == 0) ring.consumer_release(st);
+  }
+
+  __device__ __forceinline__ void mask(float (&s)[kSRegs], int n) const {
+    if (blk.needs_mask(n, first_row))
+      apply_mask(s, n * kBlockN + 2 * (lane % 4), first_row + 16 * warp + lane / 4, blk.seqlen_k, blk.causal_offset);
+  }
+
+  // Runs the whole loop over key blocks; o is zero on entry.
+  __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
+    init_turns();
+    if (blk.n_block_max > 0) {
+      ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), 0);
+      if constexpr (kIntraWgOverlap)
+        run_overlapped(o, softmax);
+      else
+        run_serial(o, softmax);
+    }
+    close_turns();
+  }
+
+  // Per key block: S = Q K^T, wait, softmax, O += P V, wait.
+  __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
+    KvState st;
+    for (int n = blk.n_block_max - 1; n >= 0; --n) {
+      float s[kSRegs];
+      smem.k_ring.consumer_wait(st);
+      begin_gemm_turn();
+      ptx::wgmma_fence();
+      issue_qk(s, st);
+      ptx::wgmma_commit();
+      end_gemm_turn();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      release(smem.k_ring, st);
+
+      mask(s, n);
+      float o_scale[2];
+      if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
+      softmax.exponentiate(s);
+      uint32_t p[kPvSteps][4];
+      convert_p(s, p);
+
+      smem.v_ring.consumer_wait(st);
+      begin_gemm_turn();
+      ptx::wgmma_fence();
+      issue_pv(o, p, st);
+      ptx::wgmma_commit();
+      end_gemm_turn();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(o);
+      ptx::fence_operands(p);
+      release(smem.v_ring, st);
+      st.advance();
+    }
+  }
+
+  // Software-pipelined: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, wait only for
+  // S_j, run the softmax of tile j while the P.V GEMM is in flight, then rescale O.
+  __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
+    KvState st;
+    uint32_t p[kPvSteps][4];
+    int n = blk.n_block_max - 1;
+    {  // first key block: no P.V in flight yet, O is zero (no rescale needed)
+      float s[kSRegs];
+      smem.k_ring.consumer_wait(st);
+      begin_gemm_turn();
+      ptx::wgmma_fence();
+      issue_qk(s, st);
+      ptx::wgmma_commit();
+      end_gemm_turn();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(s);
+      release(smem.k_ring, st);
+      mask(s, n);
+      float o_scale[2];
+      softmax.update_max(s, o_scale);
+      softmax.exponentiate(s);
+      convert_p(s, p);
+    }
+    for (--n; n >= 0; --n) {
+      const KvState prev = st;
+      st.advance();
+      float s[kSRegs];
+      smem.k_ring.consumer_wait(st);
+      begin_gemm_turn();
+      ptx::wgmma_fence();
+      issue_qk(s, st);
+      ptx::wgmma_commit();
+      smem.v_ring.consumer_wait(prev);
+      ptx::wgmma_fence();  // P and O registers were last written before the barrier wait
+      issue_pv(o, p, prev);
+      ptx::wgmma_commit();
+      end_gemm_turn();
+      ptx::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      ptx::fence_operands(s);
+      release(smem.k_ring, st);
+
+      mask(s, n);
+      float o_scale[2];
+      const bool rescale = softmax.update_max(s, o_scale);
+      softmax.exponentiate(s);
+
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(o);
+      ptx::fence_operands(p);
+      release(smem.v_ring, prev);
+      if (rescale) rescale_o(o, o_scale);
+      convert_p(s, p);
+    }
+    // last P.V
+    smem.v_ring.consumer_wait(st);
+    begin_gemm_turn();
+    ptx::wgmma_fence();
+    issue_pv(o, p, st);
+    ptx::wgmma_commit();
+    end_gemm_turn();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    ptx::fence_operands(p);
+    release(smem.v_ring, st);
+  }
+};
+
+}  // namespace ft_sm90

@@ -1,0 +1,57 @@
+// A ring of shared-memory stages guarded by "full" (TMA landed) and "empty" (consumers
+// done) mbarriers, and the position (stage index + phase parity) each side keeps in it.
+#pragma once
+
+#include <cstdint>
+
+#include "ptx/mbarrier.cuh"
+
+namespace ft_sm90 {
+
+template <int kStages>
+struct PipelineState {
+  int index = 0;
+  uint32_t phase = 0;
+
+  __device__ __forceinline__ void advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Barriers of one ring, living in shared memory. full[s]: one producer arrival plus the
+// TMA bytes. empty[s]: one arrival per consumer warp.
+template <int kStages>
+struct RingBarriers {
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+
+  __device__ __forceinline__ void init(uint32_t consumer_arrivals) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(ptx::smem_addr(&full[s]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&empty[s]), consumer_arrivals);
+    }
+  }
+
+  // Producer: wait until stage `st.index` is free (a fresh ring counts as free), then arm
+  // its full barrier for `bytes` of TMA traffic. Returns the full barrier's address.
+  __device__ __forceinline__ uint32_t producer_acquire(const PipelineState<kStages>& st, uint32_t bytes) {
+    ptx::mbarrier_wait(ptx::smem_addr(&empty[st.index]), st.phase ^ 1);
+    const uint32_t bar = ptx::smem_addr(&full[st.index]);
+    ptx::mbarrier_arrive_expect_tx(bar, bytes);
+    return bar;
+  }
+
+  __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& st) {
+    ptx::mbarrier_wait(ptx::smem_addr(&full[st.index]), st.phase);
+  }
+
+  // Called by one lane of every consumer warp once its reads of the stage have completed.
+  __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st) {
+    ptx::mbarrier_arrive(ptx::smem_addr(&empty[st.index]));
+  }
+};
+
+}  // namespace ft_sm90
