@@ -8,9 +8,11 @@ stores trials in an Optuna database; :mod:`tuner.retime` picks the winner.
 
 __version__ = "0.1.0"
 
+from .attention import attention  # noqa: E402  (GPU modules are imported on the first call)
 from .devices import DeviceLimits, limits_for_arch  # noqa: E402
 from .errors import FlashtuneError  # noqa: E402
 from .problem import Problem  # noqa: E402
 from .space import Space, load_space  # noqa: E402
 
-__all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", "limits_for_arch", "load_space"]
+__all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", "attention", "limits_for_arch",
+           "load_space"]

@@ -9,6 +9,7 @@ storage, so a study can take any number of hosts on a shared PostgreSQL database
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import multiprocessing as mp
 import os
 import socket
@@ -43,13 +44,15 @@ class RunSpec:
     sampler: str = "tpe"
     seed: int | None = None
     settings: TuneSettings = field(default_factory=TuneSettings)
+    handler: str = "tuner.gpu.measure"  # the GPU worker's module (tests substitute a stand-in)
+    compiler: str = "tuner.tune:compile_outcome"  # "module:function" run in the compile pool
 
 
-def gpu_infos(gpus: list[int]) -> list[dict[str, Any]]:
+def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[str, Any]]:
     """What each GPU's worker reports; refuses a mix of GPU models (their timings do not compare)."""
     infos = []
     for index in gpus:
-        with Worker(device=index) as worker:
+        with Worker(device=index, handler=handler) as worker:
             try:
                 infos.append(worker.call("device_info", timeout_s=120))
             except WorkerError as e:
@@ -110,8 +113,36 @@ def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> 
     share = max(1, spec.settings.compile_workers // len(gpus))
     per_gpu = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, compile_workers=share))
     ctx = mp.get_context("spawn")
-    with ctx.Pool(len(gpus)) as pool:
-        return pool.starmap(run_on_gpu, [(per_gpu, g, f"[gpu {g}] ") for g in gpus])
+    results = ctx.Queue()
+    # not a Pool: its processes are daemons, which may not start the GPU worker and compile processes
+    processes = [ctx.Process(target=_gpu_process, args=(per_gpu, g, f"[gpu {g}] ", results), name=f"flashtune-gpu-{g}")
+                 for g in gpus]
+    for p in processes:
+        p.start()
+    summaries: dict[int, TuneSummary] = {}
+    try:
+        for p in processes:
+            p.join()
+        while not results.empty():
+            gpu, summary = results.get()
+            summaries[gpu] = summary
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+    failed = [g for g, p in zip(gpus, processes) if p.exitcode != 0 or g not in summaries]
+    if failed:
+        raise UsageError(f"the tuning process of GPU(s) {failed} failed (see its messages above); finished trials "
+                         "are stored: rerun to resume")
+    return [summaries[g] for g in gpus]
+
+
+def _gpu_process(spec: RunSpec, gpu: int, label: str, results) -> None:
+    try:
+        results.put((gpu, run_on_gpu(spec, gpu, label)))
+    except Exception as e:  # noqa: BLE001 - reported here, counted as a failure by the parent
+        print(f"{label}error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
@@ -122,12 +153,14 @@ def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
     study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage,
                                                sampler=make_sampler(spec.sampler, space, seed)),
                      what="loading the study")
-    with Worker(device=gpu) as worker:
+    module, _, function = spec.compiler.partition(":")
+    compiler = getattr(importlib.import_module(module), function)
+    with Worker(device=gpu, handler=spec.handler) as worker:
         info = worker.call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
         summary = tune(study, space, spec.problem, device, lambda job: worker.measure(job, timeout_s=timeout),
-                       spec.settings, progress=Progress(prefix=label))
+                       spec.settings, compiler=compiler, progress=Progress(prefix=label))
     print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
           f"{summary.infeasible} statically infeasible, {summary.failed} failed, {summary.duplicates} duplicate "
           f"proposals, {worker.restarts} worker restarts", file=sys.stderr)

@@ -23,11 +23,15 @@ def no_gpu_reason() -> str | None:
     return None if count else "no CUDA GPU on this machine"
 
 
-@pytest.fixture(autouse=True)
-def _require_gpu():
+def pytest_collection_modifyitems(config, items):
+    """Skip this folder's tests, with the reason, before any session fixture tries to start a GPU worker."""
     reason = no_gpu_reason()
-    if reason:
-        pytest.skip(reason)
+    here = str(config.rootpath / "tests" / "gpu")
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

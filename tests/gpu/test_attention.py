@@ -1,0 +1,158 @@
+"""``tuner.attention`` on a real GPU: CuPy arrays and PyTorch tensors, fp16/bf16, causal or not, against fp32.
+
+Skipped with the reason where there is no GPU (tests/gpu/conftest.py); the PyTorch cases also
+where PyTorch is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import tuner
+from tuner.jobs import TOLERANCES
+from tuner.problem import Problem
+from tuner.space import available_families, load_space
+
+from .conftest import no_gpu_reason
+
+# a module-level skip, so that no GPU fixture is set up where there is no GPU
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(no_gpu_reason() is not None, reason=str(no_gpu_reason()))]
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+SHAPES = [(2, 257, 257, 4, 2, 128), (1, 100, 300, 2, 2, 64)]
+
+
+@pytest.fixture(scope="module")
+def device():
+    from tuner.devices import DeviceLimits
+    from tuner.gpu.info import gpu_info
+
+    return DeviceLimits.from_info(gpu_info())
+
+
+@pytest.fixture(params=available_families())
+def family(request, device):
+    space = load_space(request.param)
+    if device.arch < space.family.min_arch or (space.family.arch_suffix and device.arch != space.family.min_arch):
+        pytest.skip(f"{space.name} needs sm_{space.family.min_arch}{space.family.arch_suffix}, the GPU is "
+                    f"sm_{device.arch}")
+    return request.param
+
+
+def check(problem: Problem, q, k, v, o, lse) -> None:
+    """O and LSE (CuPy, o in storage dtype) against the float32 reference, head by head."""
+    import cupy
+
+    from tuner.gpu.reference import reference_head
+    from tuner.gpu.tensors import to_float32
+
+    o_tol, lse_tol = TOLERANCES[problem.dtype]
+    scale = 1.0 / math.sqrt(problem.head_dim)
+    group = problem.heads_q // problem.heads_kv
+    of = to_float32(o, problem.dtype)
+    for b in range(problem.batch):
+        for h in range(problem.heads_q):
+            qh, kh, vh = (to_float32(x, problem.dtype) for x in (q[b, :, h], k[b, :, h // group], v[b, :, h // group]))
+            ref_o, ref_lse = reference_head(qh, kh, vh, scale, problem.causal)
+            rel = float(cupy.linalg.norm(of[b, :, h] - ref_o) / max(float(cupy.linalg.norm(ref_o)), 1e-30))
+            assert rel <= o_tol, f"O relative error {rel:.3g} at batch {b}, head {h}"
+            live = cupy.isfinite(ref_lse)
+            assert bool((cupy.isneginf(lse[b, h]) == ~live).all()), "LSE must be -inf exactly on rows that see no key"
+            if bool(live.any()):
+                err = float(cupy.abs(lse[b, h][live] - ref_lse[live]).max())
+                assert err <= lse_tol, f"LSE error {err:.3g} at batch {b}, head {h}"
+
+
+def _problem(shape, dtype, causal) -> Problem:
+    b, nq, nk, hq, hk, d = shape
+    return Problem(batch=b, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hk, head_dim=d, dtype=dtype, causal=causal)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cupy_arrays(family, shape, dtype, causal):
+    import cupy
+
+    from tuner.gpu.tensors import random_inputs
+
+    problem = _problem(shape, dtype, causal)
+    if load_space(family).supports(problem):
+        pytest.skip(load_space(family).supports(problem))
+    q, k, v = random_inputs(problem, seed=1)
+    o, lse = tuner.attention(q, k, v, causal=causal, family=family, return_lse=True)
+    assert isinstance(o, cupy.ndarray) and o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == cupy.float32 and lse.shape == (problem.batch, problem.heads_q, problem.seqlen_q)
+    cupy.cuda.Device().synchronize()
+    check(problem, q, k, v, o, lse)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_torch_tensors_zero_copy(family, dtype, causal):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import cupy
+
+    problem = _problem(SHAPES[0], dtype, causal)
+    torch_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    b, nq, nk, hq, hk, d = SHAPES[0]
+    # q is a strided view into a packed [B, N, 2, H, D] tensor: no copy may be needed for it
+    packed = torch.randn(b, nq, 2, hq, d, device="cuda", dtype=torch_dtype, generator=gen)
+    q = packed[:, :, 0]
+    k = torch.randn(b, nk, hk, d, device="cuda", dtype=torch_dtype, generator=gen)
+    v = torch.randn(b, nk, hk, d, device="cuda", dtype=torch_dtype, generator=gen)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the kernel must run on the caller's current stream
+        o, lse = tuner.attention(q, k, v, causal=causal, family=family, return_lse=True)
+        o.mul_(1)  # ordered after the kernel on the same stream
+    torch.cuda.current_stream().wait_stream(side)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch_dtype and o.shape == q.shape and o.device == q.device
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (b, hq, nq)
+    torch.cuda.synchronize()
+
+    def bits(t):
+        return cupy.from_dlpack(t.contiguous() if dtype == "fp16" else t.contiguous().view(torch.int16)).view(
+            cupy.float16 if dtype == "fp16" else cupy.uint16)
+
+    check(problem, bits(q), bits(k), bits(v), bits(o), cupy.from_dlpack(lse))
+
+
+def test_exported_header_config(family, device, tmp_path):
+    """A config given as the path of a header written by ``flashtune export`` runs and is correct."""
+    import cupy
+
+    from tests.fake_studies import make_study
+    from tuner.export import choose, render_header
+    from tuner.gpu.tensors import random_inputs
+
+    problem = _problem(SHAPES[0], "fp16", True)
+    study = make_study(f"sqlite:///{tmp_path}/s.db", "gpu-export", family, problem, n_trials=12, failures=False)
+    chosen = choose(study)
+    header = tmp_path / "best.h"
+    header.write_text(render_header(chosen, storage_url="sqlite:///s.db"))
+    q, k, v = random_inputs(problem, seed=3)
+    o, lse = tuner.attention(q, k, v, causal=True, family=family, config=header, return_lse=True)
+    cupy.cuda.Device().synchronize()
+    check(problem, q, k, v, o, lse)
+
+
+def test_bad_inputs_are_refused_clearly(family):
+    import cupy
+
+    from tuner.attention import AttentionError
+
+    q = cupy.zeros((1, 16, 2, 128), dtype=cupy.float16)
+    with pytest.raises(AttentionError, match="CuPy arrays or PyTorch tensors"):
+        tuner.attention(q.get(), q.get(), q.get(), family=family)
+    with pytest.raises(AttentionError, match="float16"):
+        tuner.attention(q.astype(cupy.float32), q, q, family=family)
+    with pytest.raises(AttentionError, match="same shape"):
+        tuner.attention(q, q, q[:, :8], family=family)
+    with pytest.raises(AttentionError, match="head dims"):
+        tuner.attention(*(cupy.zeros((1, 16, 2, 96), dtype=cupy.float16),) * 3, family=family)
+    with pytest.raises(Exception, match="not one of"):
+        tuner.attention(q, q, q, family=family, config={load_space(family).knobs[0].name: 12345})

@@ -1,0 +1,71 @@
+"""One process per GPU on one study (tune --gpus), joining a study (flashtune worker), mixed GPUs refused."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.errors import UsageError
+from tuner.run import RunSpec, gpu_infos, prepare_study, run_on_gpus, spec_from_study
+from tuner.study import DUPLICATE_OF, STATUS
+from tuner.tune import TuneSettings
+
+from .fakes.standin_tuner import PROBLEM
+
+HANDLER = "tests.fakes.standin_gpu"
+COMPILER = "tests.fakes.standin_tuner:standin_compile"
+
+
+def _spec(tmp_path, n_trials=24) -> RunSpec:
+    return RunSpec(family="sm80", problem=PROBLEM, storage_url=f"sqlite:///{tmp_path}/s.db", sampler="tpe", seed=3,
+                   settings=TuneSettings(n_trials=n_trials, compile_workers=2, compile_ahead=2), handler=HANDLER,
+                   compiler=COMPILER)
+
+
+def _evaluated(spec):
+    trials = optuna.load_study(study_name=spec.study_name, storage=spec.storage_url).get_trials(deepcopy=False)
+    return trials, [t for t in trials if t.state.is_finished() and t.user_attrs.get(STATUS) not in (None, "infeasible")
+                    and DUPLICATE_OF not in t.user_attrs]
+
+
+def test_two_gpu_processes_share_one_study(tmp_path):
+    infos = gpu_infos([0, 1], handler=HANDLER)
+    spec = prepare_study(_spec(tmp_path), infos[0])
+    summaries = run_on_gpus(spec, [0, 1], infos)
+    assert len(summaries) == 2 and all(s.evaluated > 0 for s in summaries)  # both GPUs did work
+    trials, evaluated = _evaluated(spec)
+    assert 24 <= len(evaluated) <= 24 + 2
+    assert sum(s.evaluated for s in summaries) == len(evaluated)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def test_a_worker_joins_with_the_study_s_own_family_problem_and_target(tmp_path):
+    infos = gpu_infos([0], handler=HANDLER)
+    spec = prepare_study(_spec(tmp_path, n_trials=10), infos[0])
+    run_on_gpus(spec, [0], infos)
+    joined = spec_from_study(spec.storage_url, spec.study_name, n_trials=16)
+    assert (joined.family, joined.problem, joined.sampler, joined.seed) == ("sm80", PROBLEM, "tpe", 3)
+    joined = type(joined)(**{**joined.__dict__, "handler": HANDLER, "compiler": COMPILER})
+    run_on_gpus(joined, [0], infos)
+    assert len(_evaluated(spec)[1]) == 16
+    assert spec_from_study(spec.storage_url, spec.study_name).settings.n_trials == 10  # the stored target
+
+
+def test_joining_a_missing_study_says_how_to_create_it(tmp_path):
+    with pytest.raises(UsageError, match="create it with `flashtune tune`"):
+        spec_from_study(f"sqlite:///{tmp_path}/s.db", "nope")
+
+
+def test_mixed_gpu_models_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTUNE_STANDIN_MIXED", "1")
+    with pytest.raises(UsageError, match="different models"):
+        gpu_infos([0, 1], handler=HANDLER)
+
+
+def test_a_gpu_of_another_model_cannot_join_a_study(tmp_path, monkeypatch):
+    infos = gpu_infos([0], handler=HANDLER)
+    spec = prepare_study(_spec(tmp_path, n_trials=2), infos[0])
+    other = dict(infos[0], name="Other GPU")
+    with pytest.raises(UsageError, match="timings do not compare"):
+        run_on_gpus(spec, [0], [other])

@@ -1,0 +1,205 @@
+"""Study suite files (``studies/*.toml``): parsing, finding their studies, and ``flashtune tune --suite``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.fake_studies import H200_INFO, family_for_tests, fill_study, make_study, set_winner
+from tuner.cli import main
+from tuner.paths import REPO_ROOT
+from tuner.problem import Problem
+from tuner.space import load_space
+from tuner.storage import DEFAULT_STORAGE
+from tuner.suite import SuiteError, is_finished, load_suite, select_studies, suite_storage, suite_studies
+
+FAMILY = family_for_tests()
+STUDIES = (REPO_ROOT or Path(__file__).resolve().parents[1]) / "studies"
+
+
+def write(tmp_path: Path, text: str, name: str = "suite.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_h200_sweep():
+    suite = load_suite(STUDIES / "h200_sweep.toml")
+    assert suite.name == "h200_sweep" and len(suite.problems) == 24
+    seqlens = [512, 1024, 2048, 4096, 8192, 16384]
+    assert {(p.dtype, p.causal, p.seqlen_q) for p in suite.problems} == {
+        (d, c, n) for d in ("fp16", "bf16") for c in (False, True) for n in seqlens}
+    for p in suite.problems:
+        assert p.batch * p.seqlen_q == 16384 and p.heads_q == p.heads_kv == 16 and p.head_dim == 128
+        assert p.seqlen_k == p.seqlen_q
+
+
+@pytest.mark.parametrize("path", sorted(STUDIES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_suite_loads(path):
+    assert load_suite(path).problems
+
+
+def test_grid_and_listed_problems_are_merged_without_repeats(tmp_path):
+    path = write(tmp_path, f'''
+family = "{FAMILY}"
+description = "test"
+[grid]
+causal = [false, true]
+head_dim = 64
+heads = 8
+seqlen = [256, 1024]
+batch = 2
+[[problems]]
+head_dim = 64
+heads = 8
+seqlen = 256
+batch = 2
+[[problems]]
+dtype = "bf16"
+head_dim = 128
+heads = 32
+kv_heads = 8
+seqlen = 100
+seqlen_k = 300
+tokens = 200
+''')
+    suite = load_suite(path)
+    assert suite.storage is None and suite.family == FAMILY and suite.description == "test"
+    assert len(suite.problems) == 5  # 4 from the grid; the first listed one repeats a grid problem
+    assert suite.problems[0] == Problem(batch=2, seqlen_q=256, heads_q=8, head_dim=64)
+    assert suite.problems[-1] == Problem(batch=2, seqlen_q=100, seqlen_k=300, heads_q=32, heads_kv=8, head_dim=128,
+                                         dtype="bf16")
+
+
+BASE = 'head_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n'
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[grid]\n" + BASE, "missing family"),
+    ('family = "nope"\n[grid]\n' + BASE, "unknown kernel family"),
+    (f'family = "{FAMILY}"\n', "names no problem"),
+    (f'family = "{FAMILY}"\ntrials = 3\n[grid]\n' + BASE, "unknown key"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "colour = 1\n", "unknown key"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", '"1024"'), "seqlen must be an integer"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "causal = 1\n", "causal must be true or false"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "tokens = 4096\n", "exactly one of batch and tokens"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("batch = 2", "tokens = 1000"), "not a positive multiple"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("128", "96"), "supports head dims"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE + 'dtype = "fp32"\n', "dtype must be one of"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", "[]"), "empty list"),
+    (f'family = "{FAMILY}"\n[[problems]]\n' + BASE.replace("1024", "[1, 2]"), "single values"),
+    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "kv_heads = 3\n", "must divide heads_q"),
+    ("family = [", "not valid TOML"),
+])
+def test_malformed_suites_are_refused_naming_the_file(tmp_path, text, match):
+    path = write(tmp_path, text)
+    with pytest.raises(SuiteError, match=match) as info:
+        load_suite(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_suite_file(tmp_path):
+    with pytest.raises(SuiteError, match="no such suite file"):
+        load_suite(tmp_path / "absent.toml")
+
+
+def test_storage_precedence(tmp_path):
+    with_storage = load_suite(write(tmp_path, f'family = "{FAMILY}"\nstorage = "sqlite:///x.db"\n[grid]\n' + BASE))
+    without = load_suite(write(tmp_path, f'family = "{FAMILY}"\n[grid]\n' + BASE, "b.toml"))
+    assert suite_storage(with_storage, DEFAULT_STORAGE) == "sqlite:///x.db"
+    assert suite_storage(with_storage, None) == "sqlite:///x.db"
+    assert suite_storage(with_storage, "sqlite:///y.db") == "sqlite:///y.db"
+    assert suite_storage(without, None) == DEFAULT_STORAGE
+    assert suite_storage(None, None) == DEFAULT_STORAGE
+
+
+def test_studies_of_a_suite_are_found_by_problem(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    suite = load_suite(write(tmp_path, f'family = "{FAMILY}"\n[grid]\nhead_dim = 128\nheads = 16\n'
+                                       'seqlen = [512, 1024]\ntokens = 4096\n'))
+    make_study(url, "a-512", FAMILY, suite.problems[0], n_trials=4, failures=False)
+    make_study(url, "other-problem", FAMILY, Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=128), n_trials=4)
+    storage = optuna.storages.RDBStorage(url)
+    found = suite_studies(storage, suite)
+    assert [(e.problem, e.studies) for e in found] == [(suite.problems[0], ("a-512",)), (suite.problems[1], ())]
+    assert select_studies(storage, suite=suite) == ["a-512"]
+    assert select_studies(storage, pattern="*-problem") == ["other-problem"]
+    assert select_studies(storage, pattern="a-*", suite=suite) == ["a-512"]
+    assert select_studies(storage, pattern="zzz*", suite=suite) == []
+    with pytest.raises(SuiteError):
+        select_studies(storage)
+
+
+def test_is_finished_needs_the_trial_target_and_a_winner(tmp_path):
+    url = f"sqlite:///{tmp_path}/f.db"
+    storage = optuna.storages.RDBStorage(url)
+    p = Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128)
+    make_study(url, "done", FAMILY, p, n_trials=10, failures=True)
+    make_study(url, "no-winner", FAMILY, p, n_trials=10, winner=False)
+    trials = optuna.load_study(study_name="done", storage=storage).trials
+    evaluated = sum(1 for t in trials if t.user_attrs.get("status") in ("ok", "compile_error", "wrong_result"))
+    assert is_finished(storage, "done", 3)
+    assert not is_finished(storage, "done", evaluated + 1)
+    assert not is_finished(storage, "done", None)
+    assert not is_finished(storage, "no-winner", 1)
+    assert not is_finished(storage, "absent", 1)
+
+
+# -- flashtune tune --suite ------------------------------------------------------------------------
+@pytest.fixture
+def fake_gpu_run(monkeypatch):
+    """Replace what needs a GPU under ``flashtune tune`` (device query, the measuring run, re-timing) by fakes
+    that fill the study with fake trials; everything else (suite, study names, storage, resuming) is real."""
+    import tuner.cli
+    import tuner.run
+
+    runs: list[str] = []
+
+    def run_on_gpus(spec, gpus, infos):
+        runs.append(spec.study_name)
+        study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
+        fill_study(study, load_space(spec.family), spec.problem, n_trials=spec.settings.n_trials, seed=len(runs),
+                   failures=False)
+        return []
+
+    def retime_and_print(spec, gpu, top_k, rounds):
+        study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
+        set_winner(study, load_space(spec.family), spec.problem)
+        return 0
+
+    monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [dict(H200_INFO) for _ in gpus])
+    monkeypatch.setattr(tuner.run, "run_on_gpus", run_on_gpus)
+    monkeypatch.setattr(tuner.cli, "_retime_and_print", retime_and_print)
+    return runs
+
+
+def test_tune_suite_runs_every_problem_then_resumes(tmp_path, fake_gpu_run, capsys):
+    url = f"sqlite:///{tmp_path}/suite.db"
+    path = write(tmp_path, f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = ["fp16", "bf16"]\n'
+                           "causal = [false, true]\nhead_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n")
+    suite = load_suite(path)
+    assert main(["tune", "--suite", str(path), "--trials", "4", "--top-k", "1"]) == 0
+    assert len(fake_gpu_run) == 4 and len(set(fake_gpu_run)) == 4
+    storage = optuna.storages.RDBStorage(url)  # the suite's storage: no --storage was given
+    found = suite_studies(storage, suite)
+    assert [e.studies for e in found] == [(name,) for name in fake_gpu_run]
+    assert all(is_finished(storage, name, 4) for name in fake_gpu_run)
+
+    capsys.readouterr()
+    assert main(["tune", "--suite", str(path), "--trials", "4"]) == 0  # everything is done: nothing runs
+    assert len(fake_gpu_run) == 4
+    assert capsys.readouterr().err.count("is finished, skipped") == 4
+
+    assert main(["tune", "--suite", str(path), "--trials", "30"]) == 0  # a larger target resumes each study
+    assert fake_gpu_run[4:] == fake_gpu_run[:4]
+
+
+def test_tune_suite_errors(tmp_path, fake_gpu_run, capsys):
+    path = write(tmp_path, f'family = "{FAMILY}"\n[grid]\n' + BASE)
+    assert main(["tune", "--suite", str(path), "--study", "x"]) == 2
+    assert main(["tune", "--suite", str(tmp_path / "absent.toml")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flashtune")]
+    assert len(err) == 2 and "--study names one study" in err[0] and "no such suite file" in err[1]
+    assert fake_gpu_run == []

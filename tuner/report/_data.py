@@ -1,0 +1,169 @@
+"""A study read once into plain rows: what every figure of the report is computed from.
+
+Reading is lenient: a report must open on a study copied from another machine, made with
+another version of the space file, or still running. When today's space file no longer
+matches the study, knob names and values come from the stored trials and derived values
+(dynamic shared memory) are left out, with a note.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .. import study as st
+from ..devices import DeviceLimits
+from ..errors import FlashtuneError
+from ..problem import Problem
+from ..space import Space, load_space
+
+__all__ = ["StudyData", "TrialRow", "study_data"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRow:
+    """One trial as the report sees it."""
+
+    number: int
+    state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING
+    status: str | None  # tune.py's status: ok, infeasible, compile_error, wrong_result, ...
+    reason: str | None
+    params: dict[str, int]
+    tflops: float | None
+    latency_ms: float | None
+    spread: float | None
+    registers: int | None
+    spill_bytes: int | None  # stores + loads
+    static_smem_bytes: int | None
+    smem_bytes: int | None  # dynamic shared memory of the launch (from the space), when known
+    is_default: bool
+    duplicate_of: int | None
+
+    @property
+    def complete(self) -> bool:
+        """A measured, distinct config: the rows importances, history and plots are made of."""
+        return self.state == "COMPLETE" and self.tflops is not None and self.duplicate_of is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyData:
+    name: str
+    family: str
+    problem: Problem | None
+    gpu_name: str
+    knobs: tuple[str, ...]
+    knob_values: dict[str, tuple[int, ...]]
+    knob_help: dict[str, str]
+    rows: tuple[TrialRow, ...]
+    winner: dict[str, Any] | None
+    space: Space | None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def complete(self) -> list[TrialRow]:
+        return [r for r in self.rows if r.complete]
+
+    @property
+    def default_row(self) -> TrialRow | None:
+        for r in self.rows:
+            if r.is_default and r.state == "COMPLETE" and r.tflops is not None:
+                return r
+        return None
+
+    @property
+    def default_tflops(self) -> float | None:
+        row = self.default_row
+        return row.tflops if row else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _int(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None else None
+
+
+def _space_for(study: optuna.Study, family: str) -> tuple[Space | None, str | None]:
+    try:
+        space = load_space(family)
+    except FlashtuneError as e:
+        return None, f"the {family} space cannot be loaded here ({e}); knobs are read from the trials"
+    if study.user_attrs.get("space_digest") != st.space_digest(space):
+        return None, (f"the knobs of {family} changed since this study was made; knobs are read from the trials "
+                      "and derived values (dynamic shared memory) are not shown")
+    return space, None
+
+
+def study_data(study: optuna.Study) -> StudyData:
+    """Read ``study`` (any state) into a :class:`StudyData`."""
+    attrs = study.user_attrs
+    family = str(attrs.get("family", "?"))
+    notes: list[str] = []
+    try:
+        problem: Problem | None = Problem.from_dict(dict(attrs["problem"]))
+    except (KeyError, TypeError, ValueError):
+        problem = None
+        notes.append("the study stores no readable problem")
+    gpu = attrs.get("gpu") if isinstance(attrs.get("gpu"), dict) else {}
+    try:
+        device: DeviceLimits | None = DeviceLimits.from_info(gpu)
+    except (KeyError, TypeError, ValueError):
+        device = None
+    space, note = _space_for(study, family)
+    if note:
+        notes.append(note)
+
+    trials = study.get_trials(deepcopy=False)
+    if space is not None:
+        knobs = tuple(k.name for k in space.knobs)
+        knob_values = {k.name: k.values for k in space.knobs}
+        knob_help = {k.name: k.help for k in space.knobs}
+    else:
+        seen: dict[str, set[int]] = {}
+        for t in trials:
+            for name, value in t.params.items():
+                if _int(value) is not None:
+                    seen.setdefault(name, set()).add(int(value))
+        knobs = tuple(seen)
+        knob_values = {k: tuple(sorted(v)) for k, v in seen.items()}
+        knob_help = {}
+
+    rows = []
+    for t in trials:
+        params = {k: int(v) for k, v in t.params.items() if _int(v) is not None}
+        measurement = t.user_attrs.get(st.MEASUREMENT) if isinstance(t.user_attrs.get(st.MEASUREMENT), dict) else {}
+        resources = t.user_attrs.get(st.RESOURCES) if isinstance(t.user_attrs.get(st.RESOURCES), dict) else {}
+        spills = [_int(resources.get(k)) for k in ("spill_store_bytes", "spill_load_bytes")]
+        smem = None
+        if space is not None and problem is not None and device is not None and t.params:
+            try:
+                smem = space.launch(space.validate(t.params), problem, device).smem_bytes
+            except (FlashtuneError, ArithmeticError, KeyError, TypeError, ValueError):
+                smem = None
+        duplicate = t.user_attrs.get(st.DUPLICATE_OF)
+        rows.append(TrialRow(
+            number=t.number, state=t.state.name,
+            status=str(t.user_attrs[st.STATUS]) if st.STATUS in t.user_attrs else None,
+            reason=str(t.user_attrs[st.REASON]) if st.REASON in t.user_attrs else None,
+            params=params,
+            tflops=_number(t.value) if t.state == TrialState.COMPLETE else None,
+            latency_ms=_number(measurement.get("latency_ms")), spread=_number(measurement.get("spread")),
+            registers=_int(resources.get("registers")),
+            spill_bytes=sum(s for s in spills if s is not None) if any(s is not None for s in spills) else None,
+            static_smem_bytes=_int(resources.get("static_smem_bytes")), smem_bytes=smem,
+            is_default=bool(t.user_attrs.get(st.IS_DEFAULT)),
+            duplicate_of=_int(duplicate) if duplicate is not None else None,
+        ))
+    winner = attrs.get("winner") if isinstance(attrs.get("winner"), dict) else None
+    return StudyData(name=study.study_name, family=family, problem=problem, gpu_name=str(gpu.get("name", "?")),
+                     knobs=knobs, knob_values=knob_values, knob_help=knob_help, rows=tuple(rows), winner=winner,
+                     space=space, notes=tuple(notes))
