@@ -117,9 +117,13 @@ def _eval(node: ast.AST, env: Mapping[str, int]) -> int:
         return _BINARY[type(node.op)](_eval(node.left, env), _eval(node.right, env))
     if isinstance(node, ast.UnaryOp):
         return _UNARY[type(node.op)](_eval(node.operand, env))
-    if isinstance(node, ast.BoolOp):
-        values = (_eval(v, env) for v in node.values)
-        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.BoolOp):  # Python semantics: short-circuit, and return the deciding operand
+        stop_when = not isinstance(node.op, ast.And)  # `and` stops at a false operand, `or` at a true one
+        for v in node.values:
+            value = _eval(v, env)
+            if bool(value) == stop_when:
+                return value
+        return value
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comparator in zip(node.ops, node.comparators):

@@ -27,6 +27,7 @@ class Resources:
 
 
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (?P<name>\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
@@ -35,15 +36,19 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 def parse_ptxas(log: str, entry: str) -> Resources:
     """Resources of ``entry`` in a ``-Xptxas=-v`` log; raise ValueError if it is not reported."""
     current = None
+    properties_of = None  # the function a "Function properties for X" block describes (may be a callee)
     found: dict[str, int] = {}
     for line in log.splitlines():
         m = _ENTRY.search(line)
         if m:
             current = m.group("name")
             continue
+        if (m := _PROPERTIES.search(line)) is not None:
+            properties_of = m.group("name")
+            continue
         if current != entry:
             continue
-        if (m := _FRAME.search(line)) is not None:
+        if (m := _FRAME.search(line)) is not None and properties_of in (None, entry):
             found["stack_bytes"], found["spill_store_bytes"], found["spill_load_bytes"] = map(int, m.groups())
         if (m := _USED.search(line)) is not None:
             found["registers"] = int(m.group(1))

@@ -263,6 +263,8 @@ def _table(data: Mapping[str, Any], key: str, where: str, *, required: bool = Tr
 
 
 def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    if not isinstance(entry, Mapping):
+        raise SpaceError(f"{where}: must be a table, got {entry!r}")
     missing = required - set(entry)
     if missing:
         raise SpaceError(f"{where}: missing {', '.join(sorted(missing))}")

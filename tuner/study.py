@@ -178,10 +178,14 @@ def describe(storage: optuna.storages.BaseStorage) -> list[StudyInfo]:
     return rows
 
 
-def finished_by_config(study: optuna.Study) -> dict[str, FrozenTrial]:
+def finished_by_config(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> dict[str, FrozenTrial]:
     """Finished trials keyed by config hash (the first one of each config wins)."""
     out: dict[str, FrozenTrial] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    if trials is None:
+        trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            continue
         if t.params and t.user_attrs.get(DUPLICATE_OF) is None:
             out.setdefault(config_key(t.params), t)
     return out

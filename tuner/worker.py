@@ -51,7 +51,8 @@ class Worker:
         self.device = device
         self.startup_timeout_s = startup_timeout_s
         self._child: _Child | None = None
-        self.restarts = 0
+        self._started = 0  # processes started so far
+        self.restarts = 0  # processes started to replace one that hung, crashed or exited
 
     # -- lifecycle -------------------------------------------------------------------------
     def _ensure(self) -> _Child:
@@ -59,6 +60,7 @@ class Worker:
             return self._child
         if self._child is not None:
             self._reap()
+        if self._started:
             self.restarts += 1
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
@@ -79,6 +81,7 @@ class Worker:
             process.join()
             raise WorkerError(f"worker for GPU {self.device} could not start: {payload}")
         self._child = _Child(process, parent_conn)
+        self._started += 1
         return self._child
 
     def _reap(self) -> None:

@@ -1,0 +1,40 @@
+"""A measure() stand-in for tune() and retime_top(): a deterministic synthetic TFLOPS model of the toy space.
+
+Configs with ``flag == 1 and block_m == 32`` compute a wrong result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuner.jobs import MeasureJob, MeasureResult
+
+
+def wrong(config: dict[str, int]) -> bool:
+    return config.get("flag") == 1 and config.get("block_m") == 32
+
+
+def model_tflops(config: dict[str, int]) -> float:
+    """Peaks at block_m=128, block_n=64, stages=2, flag=1 (a unique best)."""
+    return (100.0 + config["block_m"] / 8 - abs(config["block_n"] - 64) / 8 - 5 * abs(config["stages"] - 2)
+            + 3 * config["flag"])
+
+
+@dataclass
+class FakeMeasure:
+    interrupt_at: int | None = None  # raise KeyboardInterrupt on this call (1-based)
+    calls: list[MeasureJob] = field(default_factory=list)
+    noise: float = 0.0  # relative, alternating sign per call, to exercise re-timing medians
+
+    def __call__(self, job: MeasureJob) -> MeasureResult:
+        self.calls.append(job)
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        config = job.config
+        if job.settings.check and wrong(config):
+            return MeasureResult(status="wrong_result", detail="max relative error 0.5 > 0.004 (fake)",
+                                 rel_error=0.5)
+        tflops = model_tflops(config) * (1 + (self.noise if len(self.calls) % 2 else -self.noise))
+        latency_ms = job.problem.flops / (tflops * 1e12) * 1e3
+        return MeasureResult(status="ok", latency_ms=latency_ms, tflops=tflops, reps=10, spread=0.01,
+                             rel_error=1e-4 if job.settings.check else None)

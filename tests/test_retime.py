@@ -1,0 +1,125 @@
+"""tuner.retime: interleaved re-timing of the top configs and the default; the stored winner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.fakes.fake_compile import fake_compiler
+from tests.fakes.fake_measure import FakeMeasure, model_tflops
+from tuner import study as st
+from tuner.jobs import MeasureResult
+from tuner.retime import retime_top
+from tuner.search import make_sampler
+from tuner.storage import open_storage
+from tuner.tune import TuneSettings, tune
+
+GPU = {"name": "Fake GPU", "arch": 80}
+BEST = {"block_m": 128, "block_n": 64, "stages": 2, "flag": 1}  # the model's unique optimum
+SECOND = {"block_m": 128, "block_n": 64, "stages": 2, "flag": 0}
+
+
+@pytest.fixture
+def tuned(sqlite_url, toy_space, problem, sm80):
+    storage = open_storage(sqlite_url)
+    study = st.open_study(storage=storage, name="s", space=toy_space, problem=problem, gpu=GPU,
+                          sampler=make_sampler("random", toy_space, 1))
+    study.enqueue_trial(BEST)
+    study.enqueue_trial(SECOND)
+    tune(study, toy_space, problem, sm80, FakeMeasure(), TuneSettings(n_trials=8, compile_workers=1),
+         compiler=fake_compiler)
+    return study
+
+
+def _number(study, config):
+    return next(t.number for t in study.get_trials() if t.params == config and st.DUPLICATE_OF not in t.user_attrs)
+
+
+def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
+    measure = FakeMeasure()
+    entry = retime_top(tuned, toy_space, problem, sm80, measure, top_k=3, rounds=3, compiler=fake_compiler)
+    assert entry["config"] == BEST and entry["trial"] == _number(tuned, BEST)
+    best_ms = problem.flops / (model_tflops(BEST) * 1e12) * 1e3
+    default_ms = problem.flops / (model_tflops(toy_space.defaults()) * 1e12) * 1e3
+    assert entry["latency_ms"] == pytest.approx(best_ms)
+    assert entry["tflops"] == pytest.approx(model_tflops(BEST))
+    assert entry["default_latency_ms"] == pytest.approx(default_ms)
+    assert entry["speedup_over_default"] == pytest.approx(model_tflops(BEST) / model_tflops(toy_space.defaults()))
+    assert entry["speedup_over_default"] > 1
+    assert entry["rounds"] == 3
+    latencies = [c["latency_ms"] for c in entry["candidates"]]
+    assert latencies == sorted(latencies) and len(latencies) == 4  # top 3 and the default
+    assert json.loads(json.dumps(entry)) == tuned.user_attrs["winner"]
+    assert st.winner(tuned) == {**entry, "source": "retimed"}
+
+    # 4 candidates x 3 rounds, round-robin, timing only
+    assert len(measure.calls) == 12
+    first_round = [job.tag for job in measure.calls[:4]]
+    assert len(set(first_round)) == 4 and [job.tag for job in measure.calls[4:8]] == first_round
+    assert all(not job.settings.check for job in measure.calls)
+    assert all(job.tag.startswith("retime-") for job in measure.calls)
+
+
+def test_retime_uses_the_median_of_rounds(tuned, toy_space, problem, sm80):
+    class Noisy(FakeMeasure):
+        """The best config has one very lucky round; the second best is steady."""
+
+        def __call__(self, job):
+            result = super().__call__(job)
+            rounds = sum(1 for j in self.calls if j.config == job.config)
+            if job.config == SECOND and rounds == 1:
+                return MeasureResult(status="ok", latency_ms=result.latency_ms / 10, tflops=result.tflops * 10)
+            return result
+
+    entry = retime_top(tuned, toy_space, problem, sm80, Noisy(), top_k=2, rounds=3, compiler=fake_compiler)
+    assert entry["config"] == BEST
+
+
+def test_a_config_failing_a_round_is_not_a_candidate(tuned, toy_space, problem, sm80):
+    class FailsBest(FakeMeasure):
+        def __call__(self, job):
+            result = super().__call__(job)
+            if job.config == BEST and sum(j.config == BEST for j in self.calls) == 2:
+                return MeasureResult(status="timeout", detail="hung (fake)")
+            return result
+
+    entry = retime_top(tuned, toy_space, problem, sm80, FailsBest(), top_k=2, rounds=3, compiler=fake_compiler)
+    assert entry["config"] == SECOND
+    assert all(c["trial"] != _number(tuned, BEST) for c in entry["candidates"])
+
+
+def test_a_config_that_no_longer_compiles_is_skipped(tuned, toy_space, problem, sm80):
+    def compiler(space_path, config, problem, device):
+        if config == BEST:
+            from tuner.tune import CompileOutcome
+
+            return CompileOutcome(status="compile_error", reason="gone")
+        return fake_compiler(space_path, config, problem, device)
+
+    entry = retime_top(tuned, toy_space, problem, sm80, FakeMeasure(), top_k=2, rounds=2, compiler=compiler)
+    assert entry["config"] == SECOND
+
+
+def test_no_complete_trial_gives_no_winner(sqlite_url, toy_space, problem, sm80):
+    storage = open_storage(sqlite_url)
+    study = st.open_study(storage=storage, name="s", space=toy_space, problem=problem, gpu=GPU,
+                          sampler=make_sampler("random", toy_space, 1))
+    assert retime_top(study, toy_space, problem, sm80, FakeMeasure(), compiler=fake_compiler) is None
+    assert "winner" not in study.user_attrs
+
+
+def test_nothing_timed_gives_no_winner(tuned, toy_space, problem, sm80):
+    def always_fails(job):
+        return MeasureResult(status="crashed", detail="fake")
+
+    assert retime_top(tuned, toy_space, problem, sm80, always_fails, compiler=fake_compiler) is None
+    assert "winner" not in tuned.user_attrs
+
+
+def test_retime_leaves_trials_alone(tuned, toy_space, problem, sm80):
+    before = [(t.number, t.state, t.value, t.user_attrs) for t in tuned.get_trials()]
+    retime_top(tuned, toy_space, problem, sm80, FakeMeasure(), compiler=fake_compiler)
+    assert [(t.number, t.state, t.value, t.user_attrs) for t in tuned.get_trials()] == before
+    assert all(t.state != TrialState.RUNNING for t in tuned.get_trials())

@@ -1,0 +1,210 @@
+"""tuner.study: creating, resuming (and refusing to resume) studies; names; results."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import fast_dir, toy_space_text
+from tests.fakes.fake_compile import fake_compiler
+from tests.fakes.fake_measure import FakeMeasure, model_tflops
+from tuner import __version__
+from tuner import study as st
+from tuner.problem import Problem
+from tuner.search import make_sampler
+from tuner.space import load_space
+from tuner.storage import open_storage
+from tuner.tune import TuneSettings, tune
+
+GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
+       "driver": "0.0"}
+
+
+@pytest.fixture
+def storage(sqlite_url):
+    return open_storage(sqlite_url)
+
+
+def _open(storage, space, problem, *, gpu=GPU, name="s"):
+    return st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=gpu,
+                         sampler=make_sampler("random", space, 0))
+
+
+def test_new_study_carries_its_metadata_and_the_default(storage, toy_space, problem):
+    study = _open(storage, toy_space, problem)
+    attrs = study.user_attrs
+    assert attrs["flashtune"] == {"version": __version__, "schema": st.SCHEMA_VERSION}
+    assert attrs["family"] == "toy"
+    assert Problem.from_dict(attrs["problem"]) == problem == st.study_problem(study)
+    assert attrs["gpu"] == GPU
+    assert attrs["space_digest"] == st.space_digest(toy_space)
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    [waiting] = study.get_trials()
+    assert waiting.state == TrialState.WAITING
+    assert waiting.system_attrs["fixed_params"] == toy_space.defaults()  # enqueued: params are fixed on ask
+    assert waiting.user_attrs == {st.IS_DEFAULT: True}
+
+
+def test_resume_returns_the_same_study(storage, toy_space, problem):
+    _open(storage, toy_space, problem)
+    again = _open(storage, toy_space, problem, gpu={**GPU, "driver": "99.0", "sm_clock_mhz": 1000})  # same GPU name
+    assert again.study_name == "s"
+    assert len(again.get_trials()) == 1  # the default is not enqueued twice
+
+
+def _tamper(storage, key, value):
+    optuna.load_study(study_name="s", storage=storage).set_user_attr(key, value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("flashtune", {"version": "9.0.0", "schema": st.SCHEMA_VERSION + 1}, "upgrade flashtune"),
+        ("flashtune", {"version": "0.0.1", "schema": st.SCHEMA_VERSION - 1}, "older flashtune"),
+        ("flashtune", {"version": "0.0.1"}, "older flashtune"),
+        ("flashtune", "yes", "not created by flashtune"),
+        ("family", "sm90", "tunes family 'sm90', not 'toy'"),
+        ("space_digest", "0123456789abcdef", "knobs of toy changed"),
+        ("gpu", {"name": "NVIDIA A100-SXM4-80GB"}, "measured on 'NVIDIA A100-SXM4-80GB'"),
+        ("gpu", None, "measured on None"),
+    ],
+)
+def test_resume_refuses_a_different_study(storage, toy_space, problem, key, value, match):
+    _open(storage, toy_space, problem)
+    _tamper(storage, key, value)
+    with pytest.raises(st.StudyError, match=match):
+        _open(storage, toy_space, problem)
+
+
+def test_resume_refuses_another_gpu(storage, toy_space, problem):
+    _open(storage, toy_space, problem)
+    with pytest.raises(st.StudyError, match="NVIDIA H100"):
+        _open(storage, toy_space, problem, gpu={**GPU, "name": "NVIDIA H100 80GB HBM3"})
+
+
+@pytest.mark.parametrize("change", [{"causal": True}, {"batch": 3}, {"seqlen_k": 1024}, {"dtype": "bf16"},
+                                    {"heads_kv": 2}])
+def test_resume_refuses_another_problem(storage, toy_space, problem, change):
+    _open(storage, toy_space, problem)
+    other = Problem(**{**problem.to_dict(), **change})
+    with pytest.raises(st.StudyError, match="tunes problem"):
+        _open(storage, toy_space, other)
+
+
+def test_resume_refuses_changed_knobs(storage, toy_space, problem, tmp_path):
+    _open(storage, toy_space, problem)
+    changed = tmp_path / "changed" / "toy.toml"
+    changed.parent.mkdir()
+    changed.write_text(toy_space_text(block_m=(32, 64, 128, 256)))
+    with pytest.raises(st.StudyError, match="changed"):
+        _open(storage, load_space(changed), problem)
+
+
+def test_resume_refuses_another_family(storage, toy_space, problem, tmp_path):
+    _open(storage, toy_space, problem)
+    other = tmp_path / "other" / "toy2.toml"
+    other.parent.mkdir()
+    other.write_text(toy_space_text(name="toy2"))
+    with pytest.raises(st.StudyError, match="tunes family 'toy'"):
+        _open(storage, load_space(other), problem)
+
+
+def test_resume_refuses_a_study_of_another_program(storage, toy_space, problem):
+    optuna.create_study(study_name="s", storage=storage)
+    with pytest.raises(st.StudyError, match="not created by flashtune"):
+        _open(storage, toy_space, problem)
+
+
+def test_refused_resume_changes_nothing(storage, toy_space, problem):
+    study = _open(storage, toy_space, problem)
+    before = (study.user_attrs, [(t.number, t.state, t.params) for t in study.get_trials()])
+    with pytest.raises(st.StudyError):
+        _open(storage, toy_space, problem, gpu={"name": "other"})
+    after = optuna.load_study(study_name="s", storage=storage)
+    assert (after.user_attrs, [(t.number, t.state, t.params) for t in after.get_trials()]) == before
+
+
+def test_space_digest_depends_on_knobs_only(toy_space, tmp_path):
+    same = tmp_path / "same" / "toy.toml"
+    same.parent.mkdir()
+    same.write_text(toy_space_text().replace('help = "keys per tile"', 'help = "reworded"'))
+    assert st.space_digest(load_space(same)) == st.space_digest(toy_space)
+    other = tmp_path / "other" / "toy.toml"
+    other.parent.mkdir()
+    other.write_text(toy_space_text(flag=(0, 1, 2)))
+    assert st.space_digest(load_space(other)) != st.space_digest(toy_space)
+
+
+def test_default_study_name_is_stable(toy_space):
+    p = Problem(batch=8, seqlen_q=2048, heads_q=16, head_dim=128)
+    name = st.default_study_name(toy_space, 90, "NVIDIA H200", p)
+    assert name == "toy-sm90-nvidia-h200-fp16-d128-full-b8-h16-n2048"
+    assert st.default_study_name(toy_space, 90, "NVIDIA H200", Problem(**p.to_dict())) == name
+    assert st.default_study_name(toy_space, 80, "NVIDIA A100-SXM4-80GB", p) == \
+        "toy-sm80-nvidia-a100-sxm4-80gb-fp16-d128-full-b8-h16-n2048"
+    assert st.default_study_name(toy_space, 90, "NVIDIA H200", Problem(**{**p.to_dict(), "causal": True})) != name
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    from tuner.devices import limits_for_arch
+
+    directory = tmp_path_factory.mktemp("tuned")
+    path = directory / "toy.toml"
+    path.write_text(toy_space_text())
+    toy_space, problem, sm80 = load_space(path), Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128), \
+        limits_for_arch(80)
+    with fast_dir() as db:
+        storage = open_storage(f"sqlite:///{db}/studies.db")
+        study = _open(storage, toy_space, problem)
+        tune(study, toy_space, problem, sm80, FakeMeasure(), TuneSettings(n_trials=6, compile_workers=1),
+             compiler=fake_compiler)
+        yield study
+
+
+def test_winner_without_retiming_is_the_best_trial(tuned):
+    best = st.winner(tuned)
+    complete = [t for t in tuned.get_trials() if t.state == TrialState.COMPLETE]
+    top = max(complete, key=lambda t: t.value)
+    assert best["source"] == "best trial"
+    assert best["config"] == top.params and best["tflops"] == top.value and best["trial"] == top.number
+    assert best["latency_ms"] == top.user_attrs[st.MEASUREMENT]["latency_ms"]
+
+
+def test_winner_prefers_the_retimed_entry(storage, toy_space, problem):
+    study = _open(storage, toy_space, problem)
+    study.set_user_attr("winner", {"config": {"block_m": 32}, "tflops": 1.0, "trial": 3})
+    assert st.winner(study) == {"config": {"block_m": 32}, "tflops": 1.0, "trial": 3, "source": "retimed"}
+
+
+def test_winner_of_an_empty_study(storage, toy_space, problem):
+    assert st.winner(_open(storage, toy_space, problem)) is None
+
+
+def test_default_trial(tuned, toy_space):
+    t = st.default_trial(tuned)
+    assert t.number == 0 and t.params == toy_space.defaults()
+    assert t.value == pytest.approx(model_tflops(toy_space.defaults()))
+
+
+def test_describe_lists_flashtune_studies_only(tuned):
+    storage = tuned._storage
+    if "not-ours" not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+        optuna.create_study(study_name="not-ours", storage=storage)
+    [row] = st.describe(storage)
+    assert row.name == "s" and row.family == "toy" and row.gpu == "Fake GPU"
+    assert row.problem == st.study_problem(tuned).slug()
+    assert row.trials == len(tuned.get_trials())
+    assert row.complete == sum(t.state == TrialState.COMPLETE for t in tuned.get_trials())
+    assert row.best_tflops == max(t.value for t in tuned.get_trials() if t.state == TrialState.COMPLETE)
+    assert row.winner_tflops is None
+
+
+def test_finished_by_config_skips_duplicates_and_unfinished(tuned):
+    by_config = st.finished_by_config(tuned)
+    finished = [t for t in tuned.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                and st.DUPLICATE_OF not in t.user_attrs]
+    assert {t.number for t in by_config.values()} == {t.number for t in finished}
+    for key, t in by_config.items():
+        assert t.user_attrs[st.CONFIG_KEY] == key

@@ -1,0 +1,242 @@
+"""tuner.tune: the ask → check → compile → measure → tell loop, with a fake compiler and a fake GPU."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.fakes.fake_compile import exploding_compiler, fake_compiler, refuses
+from tests.fakes.fake_measure import FakeMeasure, model_tflops, wrong
+from tuner import study as st
+from tuner.search import make_sampler
+from tuner.storage import open_storage
+from tuner.tune import TuneSettings, _counts, tune
+
+GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
+       "driver": "0.0"}
+
+INFEASIBLE = {"block_m": 64, "block_n": 128, "stages": 3, "flag": 0}  # 212992 B of smem at d128 > sm_80's 166912
+COMPILE_ERROR = {"block_m": 64, "block_n": 32, "stages": 1, "flag": 0}
+WRONG = {"block_m": 32, "block_n": 64, "stages": 2, "flag": 1}
+
+
+@pytest.fixture
+def storage(sqlite_url):
+    return open_storage(sqlite_url)
+
+
+def make_study(storage, space, problem, *, name="toy-study", seed=0, sampler="random"):
+    return st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=GPU,
+                         sampler=make_sampler(sampler, space, seed))
+
+
+def settings(n_trials, **kw):
+    return TuneSettings(n_trials=n_trials, compile_workers=1, **kw)
+
+
+def evaluated_trials(study):
+    return [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.user_attrs.get(st.STATUS) != "infeasible" and st.DUPLICATE_OF not in t.user_attrs]
+
+
+def snapshot(study):
+    return [(t.number, t.state, t.params, t.value, t.user_attrs) for t in study.get_trials()]
+
+
+def test_statuses_of_every_kind(storage, toy_space, problem, sm80):
+    study = make_study(storage, toy_space, problem)
+    for config in (INFEASIBLE, COMPILE_ERROR, WRONG, toy_space.defaults()):
+        study.enqueue_trial(config)
+    measure = FakeMeasure()
+    summary = tune(study, toy_space, problem, sm80, measure, settings(8, compile_ahead=1), compiler=fake_compiler)
+    trials = study.get_trials()
+
+    default = trials[0]
+    assert default.params == toy_space.defaults()
+    assert default.user_attrs[st.IS_DEFAULT] is True
+    assert default.state == TrialState.COMPLETE and default.user_attrs[st.STATUS] == "ok"
+    assert default.value == pytest.approx(model_tflops(toy_space.defaults()))
+    assert default.user_attrs[st.RESOURCES]["registers"] == 96 + 16
+    assert default.user_attrs[st.COMPILE] == {"seconds": 0.01, "cached": False, "arch": "80"}
+    assert default.user_attrs[st.MEASUREMENT]["tflops"] == default.value
+    assert default.user_attrs[st.CONFIG_KEY]
+    assert not any(t.user_attrs.get(st.IS_DEFAULT) for t in trials[1:])
+
+    infeasible = trials[1]
+    assert infeasible.params == INFEASIBLE and infeasible.state == TrialState.PRUNED
+    assert infeasible.user_attrs[st.STATUS] == "infeasible"
+    assert "smem_fits" in infeasible.user_attrs[st.REASON] and "212992" in infeasible.user_attrs[st.REASON]
+
+    compile_error = trials[2]
+    assert compile_error.params == COMPILE_ERROR and compile_error.state == TrialState.PRUNED
+    assert compile_error.user_attrs[st.STATUS] == "compile_error"
+    assert "static assertion" in compile_error.user_attrs[st.REASON]
+
+    wrong_result = trials[3]
+    assert wrong_result.params == WRONG and wrong_result.state == TrialState.PRUNED
+    assert wrong_result.user_attrs[st.STATUS] == "wrong_result"
+    assert "relative error" in wrong_result.user_attrs[st.REASON]
+    assert wrong_result.user_attrs[st.MEASUREMENT]["rel_error"] == 0.5
+
+    duplicate = trials[4]
+    assert duplicate.params == toy_space.defaults()
+    assert duplicate.user_attrs[st.DUPLICATE_OF] == 0
+    assert duplicate.state == TrialState.COMPLETE and duplicate.value == default.value
+
+    # the whole study: every trial finished, statuses consistent with the fakes and the space
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    for t in trials:
+        status = t.user_attrs[st.STATUS]
+        if st.DUPLICATE_OF in t.user_attrs:
+            original = trials[t.user_attrs[st.DUPLICATE_OF]]
+            assert original.params == t.params and original.user_attrs[st.STATUS] == status
+            continue
+        if toy_space.check(t.params, problem, sm80):
+            assert status == "infeasible"
+        elif refuses(t.params):
+            assert status == "compile_error"
+        elif wrong(t.params):
+            assert status == "wrong_result"
+        else:
+            assert status == "ok" and t.value == pytest.approx(model_tflops(t.params))
+        if t.state == TrialState.PRUNED:
+            assert t.user_attrs[st.REASON]
+
+    # infeasible configs and duplicates do not count towards n_trials
+    assert len(evaluated_trials(study)) == 8 == summary.evaluated == sum(_counts(t) for t in trials)
+    assert summary.infeasible == sum(t.user_attrs[st.STATUS] == "infeasible" and st.DUPLICATE_OF not in t.user_attrs
+                                     for t in trials) >= 1
+    assert summary.duplicates == sum(st.DUPLICATE_OF in t.user_attrs for t in trials) >= 1
+    assert summary.failed >= 2
+    assert "8 evaluated" in summary.stopped_because, summary.stopped_because
+    assert summary.best_tflops == max(t.value for t in trials if t.state == TrialState.COMPLETE)
+
+    # the GPU saw each compiled config once, with the launch geometry of the space
+    measured = [t for t in evaluated_trials(study) if t.user_attrs[st.STATUS] != "compile_error"]
+    assert len(measure.calls) == len(measured)
+    job = measure.calls[0]
+    geometry = toy_space.launch(toy_space.defaults(), problem, sm80)
+    assert (job.grid, job.threads, job.smem_bytes) == (geometry.grid, geometry.threads, geometry.smem_bytes)
+    assert job.tag == "trial-0" and job.abi == "flat" and job.problem == problem and job.settings.check
+
+
+def test_duplicate_proposed_while_the_original_compiles(storage, toy_space, problem, sm80):
+    """With compile-ahead, the same config may be asked for twice before the first finishes: measure it once."""
+    study = make_study(storage, toy_space, problem)
+    study.enqueue_trial(toy_space.defaults())
+    measure = FakeMeasure()
+    tune(study, toy_space, problem, sm80, measure, settings(3, compile_ahead=4), compiler=fake_compiler)
+    trials = study.get_trials()
+    assert trials[1].params == toy_space.defaults()
+    assert trials[1].user_attrs.get(st.DUPLICATE_OF) == 0
+    assert trials[1].value == trials[0].value
+    assert sum(job.config == toy_space.defaults() for job in measure.calls) == 1
+    assert len(evaluated_trials(study)) == 3
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space, problem, sm80):
+    study = make_study(storage, toy_space, problem)
+    first = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4, compile_ahead=2),
+                 compiler=fake_compiler)
+    assert first.evaluated == 4 == len(evaluated_trials(study))
+    before = snapshot(study)
+
+    resumed = make_study(storage, toy_space, problem)  # as a second `flashtune tune` would
+    assert len(resumed.get_trials()) == len(before)
+    second = tune(resumed, toy_space, problem, sm80, FakeMeasure(), settings(9, compile_ahead=2),
+                  compiler=fake_compiler)
+    assert len(evaluated_trials(resumed)) == 9
+    assert second.evaluated == 5  # this run's share
+    assert snapshot(resumed)[: len(before)] == before
+    assert sum(bool(t.user_attrs.get(st.IS_DEFAULT)) for t in resumed.get_trials()) == 1  # default enqueued once
+
+    # a third run with the same budget has nothing to do
+    count = len(resumed.get_trials())
+    measure = FakeMeasure()
+    third = tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, measure, settings(9),
+                 compiler=fake_compiler)
+    assert third.evaluated == 0 and not measure.calls
+    assert len(resumed.get_trials()) == count
+    assert "9 evaluated" in third.stopped_because
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 3])
+def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, interrupt_at):
+    study = make_study(storage, toy_space, problem)
+    with pytest.raises(KeyboardInterrupt):
+        tune(study, toy_space, problem, sm80, FakeMeasure(interrupt_at=interrupt_at), settings(8, compile_ahead=3),
+             compiler=fake_compiler)
+    trials = study.get_trials()
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert [t.user_attrs.get(st.STATUS) for t in trials if t.state == TrialState.FAIL]  # told, not left open
+    assert all(t.user_attrs.get(st.STATUS) == "interrupted" for t in trials if t.state == TrialState.FAIL)
+    done_before = snapshot(study)
+
+    # resuming finishes the budget; interrupted configs are tried again, finished ones are kept
+    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(8),
+         compiler=fake_compiler)
+    assert len(evaluated_trials(study)) == 8
+    assert snapshot(study)[: len(done_before)] == done_before
+    assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+
+
+def test_time_budget(storage, toy_space, problem, sm80):
+    import time
+
+    class Slow(FakeMeasure):
+        def __call__(self, job):
+            time.sleep(0.3)
+            return super().__call__(job)
+
+    study = make_study(storage, toy_space, problem)
+    start = time.monotonic()
+    summary = tune(study, toy_space, problem, sm80, Slow(), TuneSettings(n_trials=None, timeout_s=1.5,
+                   compile_workers=1, compile_ahead=1), compiler=fake_compiler)
+    assert summary.stopped_because == "time budget used"
+    assert time.monotonic() - start < 10
+    assert 1 <= summary.evaluated < 20
+
+
+def test_exhausted_space_stops(tmp_path, storage, problem, sm80):
+    from tests.conftest import toy_space_text
+    from tuner.space import load_space
+
+    path = tmp_path / "small" / "toy.toml"
+    path.parent.mkdir()
+    path.write_text(toy_space_text(block_m=(64,), block_n=(64, 128), stages=(2,), flag=(0, 1)))
+    space = load_space(path)
+    study = make_study(storage, space, problem)
+    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1, max_idle_asks=15),
+                   compiler=fake_compiler)
+    assert "exhausted" in summary.stopped_because
+    assert summary.evaluated == 4 == len(evaluated_trials(study))
+    assert {tuple(t.params.values()) for t in evaluated_trials(study)} == {
+        (64, 64, 2, 0), (64, 64, 2, 1), (64, 128, 2, 0), (64, 128, 2, 1)}
+
+
+def test_dead_compile_process_is_a_compile_error(storage, toy_space, problem, sm80):
+    study = make_study(storage, toy_space, problem)
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(1, compile_ahead=1),
+                   compiler=exploding_compiler)
+    trial = study.get_trials()[0]
+    assert trial.state == TrialState.PRUNED and trial.user_attrs[st.STATUS] == "compile_error"
+    assert "compile process died" in trial.user_attrs[st.REASON]
+    assert summary.failed == 1
+
+
+def test_progress_events(storage, toy_space, problem, sm80):
+    events = []
+    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(3),
+         compiler=fake_compiler, progress=events.append)
+    assert events[-1]["event"] == "done" and events[-1]["evaluated"] == 3 and events[-1]["target"] == 3
+    assert sum(e["event"] == "trial" for e in events) == 3
+    assert events[-1]["best_tflops"] is not None
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+def test_each_sampler_runs_a_study(storage, toy_space, problem, sm80, sampler):
+    study = make_study(storage, toy_space, problem, sampler=sampler, name=f"s-{sampler}")
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler)
+    assert summary.evaluated == 5
+    assert study.get_trials()[0].params == toy_space.defaults()
