@@ -25,7 +25,7 @@ def test_twenty_trial_study_then_resume(tmp_path, capsys):
     default = trials[0]
     assert default.user_attrs.get(IS_DEFAULT) and default.state == TrialState.COMPLETE, default.user_attrs
     for t in trials:
-        if t.state == TrialState.COMPLETE:
+        if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
             assert t.value > 1.0  # TFLOPS
             assert t.user_attrs[RESOURCES]["registers"] > 0
             assert t.user_attrs[MEASUREMENT]["rel_error"] < 5e-3

@@ -16,7 +16,9 @@ def _clocks(index: int) -> dict[str, int]:
     try:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        driver = pynvml.nvmlSystemGetDriverVersion()
         return {
+            "driver_version": driver.decode() if isinstance(driver, bytes) else str(driver),
             "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
             "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
@@ -38,7 +40,7 @@ def gpu_info() -> dict[str, object]:
         "smem_per_block_optin": props["sharedMemPerBlockOptin"],
         "regs_per_sm": props["regsPerMultiprocessor"],
         "l2_bytes": props["l2CacheSize"],
-        "driver": f"{driver // 1000}.{driver % 1000 // 10}",
+        "driver": f"{driver // 1000}.{driver % 1000 // 10}",  # the CUDA version the driver supports
         "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
         "cupy": cupy.__version__,
         **_clocks(device.id),
