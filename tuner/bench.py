@@ -51,7 +51,7 @@ def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Proble
                                    "detail": result.detail or f"rel err {result.rel_error:.2e}"}]
     rows += worker.call("run_peers", (problem, settings), timeout_s=600)
     ours = rows[0]["tflops"]
-    print(f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info['driver']}, "
+    print(f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info.get('driver_version', info['driver'])}, "
           f"SM clock {info.get('sm_clock_mhz', '?')} MHz)", file=out)
     print("config: " + ", ".join(f"{k}={v}" for k, v in chosen.items()), file=out)
     print(f"{'kernel':<32} {'ms':>9} {'TFLOPS':>8} {'ours/x':>7}  note", file=out)

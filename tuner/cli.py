@@ -116,7 +116,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     infos = gpu_infos(gpus)
     spec = prepare_study(spec, infos[0])
     print(f"study {spec.study_name} in {mask_url(spec.storage_url)} on {len(gpus)} x {infos[0]['name']} "
-          f"(sm_{infos[0]['arch']}, driver {infos[0]['driver']})", file=sys.stderr)
+          f"(sm_{infos[0]['arch']}, driver {infos[0].get('driver_version', infos[0]['driver'])})", file=sys.stderr)
     run_on_gpus(spec, gpus, infos)
     return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
 
