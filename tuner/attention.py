@@ -93,15 +93,23 @@ def _as_cupy(x):
     if _is_torch(x):
         if x.dim() == 4 and x.stride(3) != 1:
             x = x.contiguous()
-        return _torch_to_cupy(x)
-    if not isinstance(x, cupy.ndarray):
+        x, dtype = _torch_to_cupy(x)
+    elif isinstance(x, cupy.ndarray):
+        dtype = _cupy_dtype(x)
+        if x.dtype != cupy.float16:
+            x = x.view(cupy.uint16)
+    else:
         raise AttentionError(f"inputs must be CuPy arrays or PyTorch tensors, got {type(x).__name__}")
-    dtype = _cupy_dtype(x)
-    if x.dtype != cupy.float16:
-        x = x.view(cupy.uint16)
-    if x.ndim == 4 and x.strides[3] != x.itemsize:
+    if x.ndim == 4 and not _kernel_addressable(x):
         x = cupy.ascontiguousarray(x)
     return x, dtype
+
+
+def _kernel_addressable(x) -> bool:
+    """What every family's 16-byte loads (cp.async, TMA) need: a contiguous last dimension, a 16-byte
+    aligned base and row/head/batch strides that are multiples of 16 bytes. Otherwise a copy is made."""
+    return (x.strides[3] == x.itemsize and x.data.ptr % 16 == 0
+            and all(stride % 16 == 0 for stride in x.strides[:3]))
 
 
 def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:

@@ -156,3 +156,21 @@ def test_bad_inputs_are_refused_clearly(family):
         tuner.attention(*(cupy.zeros((1, 16, 2, 96), dtype=cupy.float16),) * 3, family=family)
     with pytest.raises(Exception, match="not one of"):
         tuner.attention(q, q, q, family=family, config={load_space(family).knobs[0].name: 12345})
+
+
+def test_misaligned_views_are_copied_not_misread(family):
+    """Views whose strides are not multiples of 16 bytes cannot feed 16-byte loads: the result must still be right."""
+    import cupy
+
+    from tuner.gpu.tensors import random_inputs
+
+    problem = _problem(SHAPES[0], "fp16", False)
+    q, k, v = random_inputs(problem, seed=4)
+    b, n, h, d = q.shape
+    padded = cupy.zeros((b, n, h, d + 1), dtype=q.dtype)  # rows of 2*(d+1) bytes: not 16-byte multiples
+    padded[..., :d] = q
+    view = padded[..., :d]
+    assert view.strides[2] % 16 != 0
+    o, lse = tuner.attention(view, k, v, family=family, return_lse=True)
+    cupy.cuda.Device().synchronize()
+    check(problem, q, k, v, o, lse)
