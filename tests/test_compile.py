@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -263,3 +266,55 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_dir() == tmp_path / "home" / ".cache" / "flashtune"
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs, filled up: a real ENOSPC. Needs the right to mount (root outside a locked container)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or done.returncode})")
+    try:
+        with contextlib.suppress(OSError):
+            (mount / "filler").write_bytes(b"\0" * (1 << 20))
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_full_disk_for_the_cache_still_compiles_with_a_warning(tiny, full_disk, monkeypatch):
+    space, _ = tiny
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(full_disk / "cache"))
+    with pytest.warns(UserWarning, match="not written"):
+        kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    try:
+        assert not kernel.cached and Path(kernel.cubin_path).read_bytes()[:4] == b"\x7fELF"
+        assert not list((full_disk / "cache" / "cubins").glob("*.tmp"))  # no half-written entries left
+    finally:
+        Path(kernel.cubin_path).unlink(missing_ok=True)
+
+
+def test_enospc_while_writing_the_cache_leaves_no_partial_entry(tiny, monkeypatch, tmp_path):
+    """The same without mount rights: the disk fills between the cubin and its metadata."""
+    space, _ = tiny
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    real = Path.write_bytes
+
+    def write_bytes(self, data):
+        if self.name.endswith(".json.tmp") or ".json." in self.name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    with pytest.warns(UserWarning, match="No space left"):
+        kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    monkeypatch.setattr(Path, "write_bytes", real)
+    try:
+        assert not kernel.cached
+        again = compile_config(space, space.defaults(), PROBLEM, SM80)  # an entry without metadata is no hit
+        assert not again.cached and again.resources == kernel.resources
+    finally:
+        if "flashtune-" in kernel.cubin_path:
+            Path(kernel.cubin_path).unlink(missing_ok=True)

@@ -141,7 +141,11 @@ def _store(directory: Path, key: str, cubin: bytes, meta: dict[str, object]) -> 
     try:
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(directory / f"{key}.cubin", cubin)
-        _atomic_write(directory / f"{key}.json", json.dumps(meta).encode())
+        try:
+            _atomic_write(directory / f"{key}.json", json.dumps(meta).encode())
+        except OSError:
+            (directory / f"{key}.cubin").unlink(missing_ok=True)  # no entry without its metadata
+            raise
         return directory / f"{key}.cubin"
     except OSError as e:
         warnings.warn(f"flashtune: cubin cache at {directory} not written ({e.strerror}); compiling without cache",
