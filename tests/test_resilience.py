@@ -89,8 +89,9 @@ def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp
     lost = [t for t in after if t.state == TrialState.FAIL and t.user_attrs.get(STATUS) != "orphaned"]
     orphans = [t for t in after if t.state == TrialState.FAIL and t.user_attrs.get(STATUS) == "orphaned"]
     requeued = [t for t in after if "requeued_from" in t.user_attrs]
-    assert lost  # the killed process held at least one trial with its parameters
-    assert {t.user_attrs["requeued_from"] for t in requeued} == {t.number for t in lost}  # each lost trial re-queued
+    drawn = [t for t in lost if len(t.params) == 8]  # the others were killed while drawing their knobs
+    assert lost
+    assert {t.user_attrs["requeued_from"] for t in requeued} == {t.number for t in drawn}  # each one re-queued
     assert all(r.state.is_finished() and r.params == after[r.user_attrs["requeued_from"]].params for r in requeued)
     assert all(len(t.params) < 8 for t in orphans)  # only trials cut short while asking are failed without a retry
 
@@ -157,9 +158,13 @@ def test_a_killed_worker_s_running_trial_is_recovered_by_a_live_one(postgres, tm
     out, err = survivor.communicate(timeout=300)
     assert survivor.returncode == 0, err[-2000:]
     trials = {t.number: t for t in _trials(postgres.url, "victim")}
+    assert any(len(trials[n].params) == 8 for n in held)  # it was measuring one (2 s each)
     for number in held:
         assert trials[number].state == TrialState.FAIL
         requeued = [t for t in trials.values() if t.user_attrs.get("requeued_from") == number]
+        if len(trials[number].params) < 8:  # killed while drawing its knobs: failed, the sampler goes on
+            assert not requeued
+            continue
         assert len(requeued) == 1 and requeued[0].state.is_finished()
         assert requeued[0].params == trials[number].params
         assert "lost its worker" in requeued[0].user_attrs["requeue_reason"]

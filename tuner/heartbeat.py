@@ -35,8 +35,8 @@ REQUEUE_REASON = "requeue_reason"
 def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     """Storage callback for a trial just failed as stale: enqueue its config again, with the reason."""
     count = int(trial.user_attrs.get(REQUEUE_COUNT, 0))
-    if not trial.params or count >= MAX_REQUEUES:
-        return
+    if count >= MAX_REQUEUES or not _all_knobs_drawn(study, trial):
+        return  # a config that keeps killing its worker, or a trial cut short while drawing: the sampler goes on
     grace = GRACE_PERIOD_S
     study.enqueue_trial(trial.params, user_attrs={
         REQUEUED_FROM: trial.number,
@@ -44,6 +44,16 @@ def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
         REQUEUE_REASON: f"trial {trial.number} lost its worker (no heartbeat for {grace} s)",
         **{k: v for k, v in trial.user_attrs.items() if k == "is_default"},
     }, skip_if_exists=False)
+
+
+def _all_knobs_drawn(study: optuna.Study, trial: FrozenTrial) -> bool:
+    from .space import SpaceError, load_space
+
+    try:
+        knobs = {k.name for k in load_space(study.user_attrs["family"]).knobs}
+    except (KeyError, SpaceError):
+        return False
+    return bool(trial.params) and knobs <= set(trial.params)
 
 
 def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> int:

@@ -146,10 +146,12 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                 storage_call(lambda: state.refresh(study), what="reading the study")
                 # keep the compile queue full
                 while len(pending) < settings.compile_ahead and budget_left() and idle_asks < settings.max_idle_asks:
-                    trial = storage_call(lambda: study.ask(dists), what="asking for a trial")
+                    # beat before the parameters are drawn: a process killed from here on leaves a trial
+                    # that recovery can see (no beat yet: its parameters are incomplete, see recover_stale)
+                    trial = storage_call(study.ask, what="asking for a trial")
                     heartbeat.hold(trial)
                     state.running += 1
-                    config = space.validate(trial.params)
+                    config = space.validate(storage_call(lambda: _draw(trial, dists), what="drawing parameters"))
                     key = config_key(config)
                     if key in state.seen:
                         _finish_duplicate(study, trial, state.seen[key], storage_call)
@@ -210,6 +212,11 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
     storage_call(lambda: state.refresh(study), what="reading the study")
     report("done")
     return summary
+
+
+def _draw(trial: Trial, dists: dict[str, Any]) -> dict[str, Any]:
+    """Sample (or, for an enqueued trial, read back) every knob; repeating it is harmless."""
+    return {name: trial.suggest_categorical(name, dist.choices) for name, dist in dists.items()}
 
 
 def _compile_pool(settings: TuneSettings) -> cf.ProcessPoolExecutor:

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
             f.write(f"{job.tag}\n")
         return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config))
 
-    settings = TuneSettings(n_trials=int(n_trials), compile_workers=1, compile_ahead=2, storage_retries=4,
+    settings = TuneSettings(n_trials=int(n_trials), compile_workers=1, compile_ahead=2, storage_retries=6,
                             storage_retry_delay_s=0.5)
     summary = tune(study, space, PROBLEM, device, measure, settings, compiler=standin_compile)
     print(f"stand-in done: {summary}", flush=True)
