@@ -1,6 +1,8 @@
 // PTX wrappers for sm_80+: one small inline function per instruction.
 #pragma once
 
+#include "common/convert.cuh"
+
 namespace ft_sm80::ptx {
 
 __device__ __forceinline__ unsigned smem_addr(const void* ptr) {
@@ -62,23 +64,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// ---- fast math and conversions --------------------------------------------------------
-__device__ __forceinline__ float exp2_approx(float x) {  // exp2(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two fp32 values to a packed 16-bit pair, `lo` in the low half (round to nearest).
-template <bool kBf16>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  unsigned r;
-  if constexpr (kBf16) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  }
-  return r;
-}
+// ---- fast math and conversions: shared with the other families --------------------------
+using ::ft_common::exp2_approx;
+using ::ft_common::pack2;
 
 }  // namespace ft_sm80::ptx

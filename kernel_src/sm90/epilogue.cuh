@@ -27,7 +27,7 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
   for (int i = 0; i < kO; i += 2) {
     const int row = row0 + 8 * acc_row_half(i);
     const int col = (i >> 2) * 8 + 2 * (lane % 4);
-    const uint32_t packed = ptx::pack_half2<kIsBf16>(o[i], o[i + 1]);
+    const uint32_t packed = ptx::pack2<kIsBf16>(o[i], o[i + 1]);
     // Panels are kBlockM rows apart; rows of this warpgroup start at `tile`.
     const int panel = col / kPanelCols, c = col % kPanelCols;
     const uint32_t addr = tile + panel * kBlockM * kRowBytes + row * kRowBytes + ((((c / 8) ^ (row % 8))) << 4) +

@@ -111,7 +111,7 @@ __device__ __forceinline__ void convert_p(const float (&s)[kN], uint32_t (&p)[kN
 #pragma unroll
   for (int kk = 0; kk < kN / 8; ++kk)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) p[kk][r] = ptx::pack_half2<kIsBf16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    for (int r = 0; r < 4; ++r) p[kk][r] = ptx::pack2<kIsBf16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
 }  // namespace ft_sm90

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "common/convert.cuh"
+
 namespace ft_sm90::ptx {
 
 // setmaxnreg: move registers between warpgroups. Takes effect only with a register cap at
@@ -30,23 +32,8 @@ __device__ __forceinline__ bool elect_one() {
   return elected != 0;
 }
 
-// 2^x, approximate (MUFU.EX2); exp2(-inf) = 0.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Pack two fp32 into one b32 of two 16-bit floats (round to nearest); `lo` in the low half.
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (kBf16) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  }
-  return r;
-}
+// Fast exp2 and 16-bit packing: shared with the other families.
+using ::ft_common::exp2_approx;
+using ::ft_common::pack2;
 
 }  // namespace ft_sm90::ptx
