@@ -145,9 +145,16 @@ def test_best_of_a_missing_study(tmp_path, fake_db):
 
 
 def test_studies_on_an_empty_storage(tmp_path):
+    open_storage(f"sqlite:///{tmp_path}/empty.db")  # a study database with no study in it
     proc = flashtune("studies", "--storage", f"sqlite:///{tmp_path}/empty.db", cwd=tmp_path)
     assert_one_error_line(proc, "studies", "no flashtune studies")
     assert proc.stdout == ""
+
+
+def test_studies_where_no_database_exists_creates_none(tmp_path):
+    proc = flashtune("studies", "--storage", f"sqlite:///{tmp_path}/missing.db", cwd=tmp_path)
+    assert_one_error_line(proc, "studies", "no study database", "flashtune tune")
+    assert not (tmp_path / "missing.db").exists()
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")

@@ -7,6 +7,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.errors import UsageError
+from tuner.storage import StorageError, open_storage
 from tuner.run import RunSpec, gpu_infos, prepare_study, run_on_gpus, spec_from_study
 from tuner.study import DUPLICATE_OF, STATUS
 from tuner.tune import TuneSettings
@@ -53,8 +54,12 @@ def test_a_worker_joins_with_the_study_s_own_family_problem_and_target(tmp_path)
 
 
 def test_joining_a_missing_study_says_how_to_create_it(tmp_path):
+    open_storage(f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(UsageError, match="create it with `flashtune tune`"):
         spec_from_study(f"sqlite:///{tmp_path}/s.db", "nope")
+    with pytest.raises(StorageError, match="run `flashtune tune` first"):  # no database there at all
+        spec_from_study(f"sqlite:///{tmp_path}/other.db", "nope")
+    assert not (tmp_path / "other.db").exists()
 
 
 def test_mixed_gpu_models_are_refused(tmp_path, monkeypatch):

@@ -153,3 +153,10 @@ def test_retrying_does_not_swallow_other_errors():
 
     with pytest.raises(KeyError):
         retrying(broken, what="testing", attempts=3, first_delay_s=0.01)
+
+
+def test_reading_commands_do_not_create_a_database(tmp_path):
+    missing = tmp_path / "nowhere" / "studies.db"
+    with pytest.raises(StorageError, match="no study database"):
+        open_storage(f"sqlite:///{missing}", create=False)
+    assert not missing.parent.exists()

@@ -24,7 +24,7 @@ def config_for_bench(space, config: dict[str, int], study: str | None, storage_u
         from .storage import open_storage
         from .study import winner
 
-        loaded = optuna.load_study(study_name=study, storage=open_storage(storage_url))
+        loaded = optuna.load_study(study_name=study, storage=open_storage(storage_url, create=False))
         best = winner(loaded)
         if best is None:
             raise UsageError(f"study {study!r} has no successful trial")

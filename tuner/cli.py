@@ -190,7 +190,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     from .storage import open_storage
 
-    storage = open_storage(args.storage)
+    storage = open_storage(args.storage, create=False)
     try:
         study = optuna.load_study(study_name=args.study, storage=storage)
     except KeyError:
@@ -202,7 +202,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
     from .study import describe
     from .storage import mask_url, open_storage
 
-    rows = describe(open_storage(args.storage))
+    rows = describe(open_storage(args.storage, create=False))
     if not rows:
         raise UsageError(f"no flashtune studies in {mask_url(args.storage)}; `flashtune tune` creates one")
     print(f"{'study':<64} {'trials':>6} {'ok':>4} {'best TFLOPS':>11} {'retimed':>8}  gpu")

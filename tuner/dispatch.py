@@ -214,7 +214,7 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
 
     suite = load_suite(suite_path) if suite_path else None
     storage_url = suite_storage(suite, storage_url)
-    storage = open_storage(storage_url)
+    storage = open_storage(storage_url, create=False)
     names = select_studies(storage, pattern=pattern, suite=suite)
     if not names:
         what = f"pattern {pattern!r}"

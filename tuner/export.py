@@ -250,7 +250,7 @@ def export_study(storage_url: str | None, name: str, *, now: datetime | None = N
     from .storage import DEFAULT_STORAGE, open_storage
 
     storage_url = storage_url or DEFAULT_STORAGE
-    study = load_flashtune_study(open_storage(storage_url), name, storage_url)
+    study = load_flashtune_study(open_storage(storage_url, create=False), name, storage_url)
     return render_header(choose(study), storage_url=storage_url, now=now)
 
 

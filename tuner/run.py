@@ -85,7 +85,7 @@ def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
 def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
                     settings: TuneSettings | None = None) -> RunSpec:
     """The spec of an existing study, for `flashtune worker` on another host."""
-    storage = open_storage(storage_url)
+    storage = open_storage(storage_url, create=False)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:

@@ -51,11 +51,12 @@ def _check_sqlite_file(database: str) -> None:
                            "not an Optuna study database; choose another --storage")
 
 
-def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
+def open_storage(url: str | None = None, *, create: bool = True) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
 
     Heartbeats are on (see :mod:`tuner.heartbeat`): a trial whose tuner died is failed and
-    re-enqueued by whichever tuner notices first.
+    re-enqueued by whichever tuner notices first. Commands that only read (``create=False``)
+    refuse a SQLite path where no database exists instead of creating an empty one.
     """
     from .heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, requeue_stale
 
@@ -66,6 +67,9 @@ def open_storage(url: str | None = None) -> optuna.storages.RDBStorage:
         raise StorageError(f"invalid storage URL {url!r}; expected e.g. {DEFAULT_STORAGE} or "
                            "postgresql+psycopg://user:password@host/db") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        if not create and not Path(parsed.database).is_file():
+            raise StorageError(f"no study database at {parsed.database}; run `flashtune tune` first, or point "
+                               "--storage at the database that holds your studies")
         _check_sqlite_file(parsed.database)
     if parsed.get_backend_name() == "sqlite":  # wait for the write lock (heartbeat thread, other tuners)
         engine_kwargs: dict = {"connect_args": {"timeout": 60}}

@@ -111,7 +111,7 @@ def build_report(storage_url: str | None, *, study: str | None = None,
         raise ReportError("say what to report on: --study NAME and/or --suite FILE")
     suite = load_suite(suite_path) if suite_path else None
     url = suite_storage(suite, storage_url)
-    storage = open_storage(url)
+    storage = open_storage(url, create=False)
     studies = [load_flashtune_study(storage, study, url)] if study else []
     entries: list[tuple[Problem, list[optuna.Study]]] = []
     if suite is not None:
