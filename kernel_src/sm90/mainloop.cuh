@@ -113,20 +113,39 @@ struct Consumer {
     close_turns();
   }
 
+  // S = Q K^T for the key block in stage `st`, waited for; the K stage is released.
+  __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st) const {
+    smem.k_ring.consumer_wait(st);
+    begin_gemm_turn();
+    ptx::wgmma_fence();
+    issue_qk(s, st);
+    ptx::wgmma_commit();
+    end_gemm_turn();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(s);
+    release(smem.k_ring, st);
+  }
+
+  // O += P V for the key block in stage `st`, waited for; the V stage is released.
+  __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st) const {
+    smem.v_ring.consumer_wait(st);
+    begin_gemm_turn();
+    ptx::wgmma_fence();
+    issue_pv(o, p, st);
+    ptx::wgmma_commit();
+    end_gemm_turn();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operands(o);
+    ptx::fence_operands(p);
+    release(smem.v_ring, st);
+  }
+
   // Per key block: S = Q K^T, wait, softmax, O += P V, wait.
   __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
     KvState st;
     for (int n = blk.n_block_max - 1; n >= 0; --n) {
       float s[kSRegs];
-      smem.k_ring.consumer_wait(st);
-      begin_gemm_turn();
-      ptx::wgmma_fence();
-      issue_qk(s, st);
-      ptx::wgmma_commit();
-      end_gemm_turn();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(s);
-      release(smem.k_ring, st);
+      qk_gemm(s, st);
 
       mask(s, n);
       float o_scale[2];
@@ -135,16 +154,7 @@ struct Consumer {
       uint32_t p[kPvSteps][4];
       convert_p(s, p);
 
-      smem.v_ring.consumer_wait(st);
-      begin_gemm_turn();
-      ptx::wgmma_fence();
-      issue_pv(o, p, st);
-      ptx::wgmma_commit();
-      end_gemm_turn();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(o);
-      ptx::fence_operands(p);
-      release(smem.v_ring, st);
+      pv_gemm(o, p, st);
       st.advance();
     }
   }
@@ -157,15 +167,7 @@ struct Consumer {
     int n = blk.n_block_max - 1;
     {  // first key block: no P.V in flight yet, O is zero (no rescale needed)
       float s[kSRegs];
-      smem.k_ring.consumer_wait(st);
-      begin_gemm_turn();
-      ptx::wgmma_fence();
-      issue_qk(s, st);
-      ptx::wgmma_commit();
-      end_gemm_turn();
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(s);
-      release(smem.k_ring, st);
+      qk_gemm(s, st);
       mask(s, n);
       float o_scale[2];
       softmax.update_max(s, o_scale);
@@ -203,16 +205,7 @@ struct Consumer {
       convert_p(s, p);
     }
     // last P.V
-    smem.v_ring.consumer_wait(st);
-    begin_gemm_turn();
-    ptx::wgmma_fence();
-    issue_pv(o, p, st);
-    ptx::wgmma_commit();
-    end_gemm_turn();
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(o);
-    ptx::fence_operands(p);
-    release(smem.v_ring, st);
+    pv_gemm(o, p, st);
   }
 };
 
