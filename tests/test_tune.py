@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import optuna
 import pytest
 from optuna.trial import TrialState
 
@@ -240,3 +241,28 @@ def test_each_sampler_runs_a_study(storage, toy_space, problem, sm80, sampler):
     summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler)
     assert summary.evaluated == 5
     assert study.get_trials()[0].params == toy_space.defaults()
+
+
+class _StuckSampler(optuna.samplers.BaseSampler):
+    """Always proposes each knob's first value: a sampler that has converged for good."""
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return param_distribution.choices[0]
+
+
+def test_a_sampler_that_repeats_itself_gets_unseen_configs_enqueued(storage, toy_space, problem, sm80):
+    study = st.open_study(storage=storage, name="stuck", space=toy_space, problem=problem, gpu=GPU,
+                          sampler=_StuckSampler())
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1, max_idle_asks=40),
+                   compiler=fake_compiler)
+    evaluated = evaluated_trials(study)
+    assert len(evaluated) == 6 and summary.stopped_because == "the study holds 6 evaluated trials"
+    assert len({tuple(sorted(t.params.items())) for t in evaluated}) == 6  # six different configs
+    assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) >= 4  # all but the default and the stuck one
+

@@ -51,6 +51,7 @@ RESOURCES = "resources"  # ptxas: registers, spills, stack, static smem
 MEASUREMENT = "measurement"  # latency_ms, spread, reps, tflops, rel_error, lse_error
 COMPILE = "compile"  # seconds, cached, arch
 DUPLICATE_OF = "duplicate_of"
+EXPLORATION = "exploration"  # enqueued by the tuner because the sampler kept proposing evaluated configs
 
 INFEASIBLE_STATUSES = ("infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error", "timeout",
                        "crashed")

@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import functools
 import multiprocessing as mp
 import os
+import random
 import time
 import warnings
 from collections import deque
@@ -48,6 +49,7 @@ class TuneSettings:
     compile_timeout_s: float = 600.0
     trial_timeout_s: float = 120.0
     max_idle_asks: int = 200  # consecutive asks that measure nothing before the space counts as exhausted
+    explore_after_duplicates: int = 8  # the sampler repeated itself this often in a row: enqueue an unseen config
     storage_retries: int = 6  # attempts per storage operation ...
     storage_retry_delay_s: float = 1.0  # ... waiting this long after the first failure, doubling each time
     measure: MeasureSettings = field(default_factory=MeasureSettings)
@@ -115,7 +117,8 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
     pending: deque[_Pending] = deque()
     waiting: dict[str, list[Trial]] = {}  # proposed again while pending: settled when the first one finishes
-    idle_asks = 0
+    idle_asks = repeats = 0
+    rng = random.Random(settings.measure.seed)
     storage_call = functools.partial(retrying, attempts=settings.storage_retries,
                                      first_delay_s=settings.storage_retry_delay_s)
     pool = _compile_pool(settings)
@@ -157,6 +160,14 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                         _finish_duplicate(study, trial, state.seen[key], storage_call)
                         summary.duplicates += 1
                         idle_asks += 1
+                        repeats += 1
+                        if repeats >= settings.explore_after_duplicates:  # a converged sampler: widen the search
+                            taken = state.seen.keys() | {config_key(p.config) for p in pending}
+                            unseen = _unseen_feasible(space, problem, device, taken, rng)
+                            if unseen is not None:
+                                storage_call(lambda: study.enqueue_trial(unseen, user_attrs={st.EXPLORATION: True}),
+                                             what="enqueuing an unseen config")
+                            repeats = 0
                     elif any(config_key(p.config) == key for p in pending):
                         waiting.setdefault(key, []).append(trial)
                         summary.duplicates += 1
@@ -168,7 +179,7 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                         idle_asks += 1
                         report("infeasible")
                     else:
-                        idle_asks = 0
+                        idle_asks = repeats = 0
                         try:
                             future = pool.submit(compiler, str(space.path), config, problem, device)
                         except cf.process.BrokenProcessPool:  # a compile process was killed (OOM, say): renew
@@ -212,6 +223,16 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
     storage_call(lambda: state.refresh(study), what="reading the study")
     report("done")
     return summary
+
+
+def _unseen_feasible(space: Space, problem: Problem, device: DeviceLimits, taken: set[str],
+                     rng: random.Random, tries: int = 2000) -> Config | None:
+    """A random statically feasible config not evaluated yet, or None when none turns up."""
+    for _ in range(tries):
+        config = {k.name: rng.choice(k.values) for k in space.knobs}
+        if config_key(config) not in taken and space.check(config, problem, device) is None:
+            return config
+    return None
 
 
 def _draw(trial: Trial, dists: dict[str, Any]) -> dict[str, Any]:
