@@ -160,3 +160,31 @@ def test_reading_commands_do_not_create_a_database(tmp_path):
     with pytest.raises(StorageError, match="no study database"):
         open_storage(f"sqlite:///{missing}", create=False)
     assert not missing.parent.exists()
+
+
+def _pop_waiting(url: str, start, out) -> None:
+    study = optuna.load_study(study_name="race", storage=open_storage(url))
+    start.wait()
+    out.put([study.ask().number for _ in range(6)])
+
+
+def test_concurrent_tuners_on_sqlite_never_pop_the_same_enqueued_trial(tmp_path):
+    # pysqlite opens a transaction only at the first write, after the read that found the trial
+    # WAITING: without the write lock taken at BEGIN, two tuners both ran trial 0 (CI, session 1)
+    import multiprocessing as mp
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(study_name="race", storage=open_storage(url))
+    for i in range(48):
+        study.enqueue_trial({"x": i})
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_pop_waiting, args=(url, start, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    time.sleep(3)  # every process has opened the storage
+    start.set()
+    popped = [n for _ in procs for n in out.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(popped) == list(range(48))  # each enqueued trial went to exactly one tuner

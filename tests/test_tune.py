@@ -266,3 +266,22 @@ def test_a_sampler_that_repeats_itself_gets_unseen_configs_enqueued(storage, toy
     assert len({tuple(sorted(t.params.items())) for t in evaluated}) == 6  # six different configs
     assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) >= 4  # all but the default and the stuck one
 
+
+
+def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
+    # the database commits the tell, then the connection drops before the reply: the retry
+    # finds the trial finished (CI, session 1) and must return it, not fail the tuner
+    from tuner.tune import _finish
+
+    study = optuna.create_study(storage=storage, direction="maximize")
+    trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
+    calls = []
+
+    def commit_then_lose_the_reply(store, what):
+        calls.append(what)
+        store()
+        return store()
+
+    frozen = _finish(study, trial, commit_then_lose_the_reply, status="ok", attrs={"note": 1}, value=12.5)
+    assert (frozen.state, frozen.value, frozen.user_attrs["note"]) == (TrialState.COMPLETE, 12.5, 1)
+    assert calls == [f"storing trial {trial.number}"]

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import optuna
-from sqlalchemy.engine import make_url
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .errors import FlashtuneError
@@ -78,14 +79,36 @@ def open_storage(url: str | None = None, *, create: bool = True) -> optuna.stora
     try:
         with warnings.catch_warnings():  # heartbeats are on on purpose: no "experimental feature" line on stderr
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                                              grace_period=GRACE_PERIOD_S, heartbeat_stale_trial_callback=requeue_stale)
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                                 heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S,
+                                                 heartbeat_stale_trial_callback=requeue_stale)
     except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if parsed.password:
             reason = reason.replace(str(parsed.password), "***")
         raise StorageError(f"cannot open storage {mask_url(url)}: {reason}") from None
+    if parsed.get_backend_name() == "sqlite":
+        _lock_sqlite_at_begin(storage.engine)
+    return storage
 
+
+def _lock_sqlite_at_begin(engine: Engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins.
+
+    pysqlite only begins a transaction at the first write, after the reads that decided it, so
+    two tuners could both read an enqueued trial as WAITING and both run it (PostgreSQL locks
+    the row: ``SELECT ... FOR UPDATE``). ``BEGIN IMMEDIATE`` serialises the transactions
+    instead; they are short, and waiting ones queue for up to the connection's timeout.
+    """
+    @event.listens_for(engine, "connect")
+    def _driver_leaves_transactions_to_sqlalchemy(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while the tables were created predate the listeners
 
 
 def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0,

@@ -306,14 +306,16 @@ def _finish(study: optuna.Study, trial: Trial, storage_call: Callable[..., Any],
         attrs[st.REASON] = reason[:1000]
 
     def store() -> FrozenTrial:
-        for key, v in attrs.items():
-            trial.set_user_attr(key, v)
         try:
+            for key, v in attrs.items():
+                trial.set_user_attr(key, v)
             if value is not None:
                 return study.tell(trial, value)
             return study.tell(trial, state=state or TrialState.PRUNED)
         except optuna.exceptions.UpdateFinishedTrialError:
-            return study._storage.get_trial(trial._trial_id)  # an earlier attempt did commit
+            # an earlier attempt committed and lost its reply (the database went away), or
+            # another tuner failed the trial as stale while this one could not beat: keep what is stored
+            return study._storage.get_trial(trial._trial_id)
 
     return storage_call(store, what=f"storing trial {trial.number}")
 
