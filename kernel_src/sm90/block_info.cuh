@@ -1,5 +1,5 @@
-// Which query rows a CTA (and each of its consumer warpgroups) owns, and which key blocks
-// it must visit under the tail and (bottom-right aligned) causal masks.
+// Which query rows a CTA (and each of its consumer warpgroups) owns in one work unit, and
+// which key blocks it must visit under the tail and (bottom-right aligned) causal masks.
 #pragma once
 
 #include "config.cuh"
@@ -18,7 +18,10 @@ struct BlockInfo {
         seqlen_k(seqlen_k_), causal_offset(seqlen_k_ - seqlen_q_) {
     n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
     if constexpr (kIsCausal) {
-      const int row_end = min((m_block + 1) * kBlockM, seqlen_q);  // one past the last valid row
+      // one past the last valid row of the cluster's blocks: the CTAs of a cluster share K/V
+      // tiles, so they visit the same key blocks (the lower block masks the extra ones)
+      const int group_end = (m_block / kClusterCtas + 1) * kClusterCtas * kBlockM;
+      const int row_end = min(group_end, seqlen_q);
       const int keys = row_end + causal_offset;                    // keys the last valid row sees
       n_block_max = keys <= 0 ? 0 : min(n_block_max, (keys + kBlockN - 1) / kBlockN);
     }

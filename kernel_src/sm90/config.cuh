@@ -44,11 +44,20 @@
 #ifndef FT_PINGPONG
 #define FT_PINGPONG 0  // consumer warpgroups take turns issuing their GEMMs (named barriers)
 #endif
+#ifndef FT_PV_SPLIT
+#define FT_PV_SPLIT 0  // keys of P sent to O += P V before the rest of P is exponentiated (0 = off)
+#endif
+#ifndef FT_CTA_MODE
+#define FT_CTA_MODE 1  // 1: CTAs alone; 2: clusters of 2 CTAs along M sharing K/V by TMA multicast
+#endif
+#ifndef FT_PERSISTENT
+#define FT_PERSISTENT 0  // 1: one CTA (cluster) per SM loops over the query blocks
+#endif
 
 // ---- derived -------------------------------------------------------------------------
 #ifndef FT_SMEM_BYTES
 #define FT_SMEM_BYTES \
-  ((64 * FT_CONSUMER_WGS + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2 + 1024 + 256)
+  ((64 * FT_CONSUMER_WGS * (1 + FT_PERSISTENT) + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2 + 1024 + 256)
 #endif
 
 namespace ft_sm90 {
@@ -71,6 +80,9 @@ constexpr int kProducerRegs = FT_PRODUCER_REGS;
 constexpr int kConsumerRegs = FT_CONSUMER_REGS;
 constexpr bool kIntraWgOverlap = FT_INTRA_WG_OVERLAP != 0;
 constexpr bool kPingPong = FT_PINGPONG != 0;
+constexpr int kPvSplit = FT_PV_SPLIT;
+constexpr int kClusterCtas = FT_CTA_MODE;
+constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
 constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
@@ -78,6 +90,9 @@ constexpr int kBlockM = kWgRows * kConsumerWgs;      // query rows per CTA
 constexpr int kThreads = 128 * (kConsumerWgs + 1);   // one producer warpgroup + the consumers
 constexpr int kPanelCols = 64;                       // 16-bit columns per 128-byte swizzle row
 constexpr int kPanels = kHeadDim / kPanelCols;       // TMA boxes (and smem panels) per tile
+constexpr int kKvBoxRows = kBlockN / kClusterCtas;  // K/V rows each CTA of a cluster loads (and multicasts)
+// A persistent CTA stages O in its own tile: the next query block's Q loads meanwhile.
+constexpr bool kOwnOTile = kPersistent;
 constexpr int kSmemOptin = 232448;                   // H100/H200 opt-in shared memory per block
 // Registers per thread at kernel entry: the __launch_bounds__(kThreads, 1) cap, in units of 8.
 constexpr int kEntryRegs = (65536 / kThreads < 256 ? 65536 / kThreads : 256) / 8 * 8;
@@ -97,6 +112,12 @@ static_assert(kProducerRegs <= kEntryRegs && kConsumerRegs >= kEntryRegs,
 static_assert(kProducerRegs + kConsumerWgs * kConsumerRegs <= (kConsumerWgs + 1) * kEntryRegs,
               "setmaxnreg budgets exceed the registers the CTA is launched with");
 static_assert(!kPingPong || kConsumerWgs >= 2, "ping-pong needs at least two consumer warpgroups");
+static_assert(kPvSplit % 16 == 0 && kPvSplit >= 0 && kPvSplit < kBlockN,
+              "pv_split: 0 or a multiple of 16 below block_n (whole k-steps of O += P V in each part)");
+static_assert(kPvSplit == 0 || !kIntraWgOverlap,
+              "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
+static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
+static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
 static_assert(kSmemBytes <= kSmemOptin, "shared memory over the opt-in limit");
 
 }  // namespace ft_sm90

@@ -1,7 +1,8 @@
 // Epilogue of one consumer warpgroup: O (fp32 accumulators, already normalised) -> 16-bit,
-// staged in this warpgroup's rows of the Q tile in the TMA's swizzled layout, then one TMA
-// store per 64-column panel (rows past seqlen_q are clipped by the tensor map). LSE is
-// written directly by the thread owning each row.
+// staged in this warpgroup's rows of the O tile (the Q tile unless kOwnOTile) in the TMA's
+// swizzled layout, then one TMA store per 64-column panel (rows past seqlen_q are clipped by
+// the tensor map). LSE is written directly by the thread owning each row. A persistent CTA
+// lets the store run on into the next work unit and waits for it before staging again.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,13 @@ template <int kO>
 __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo& blk, int wg, int warp, int lane,
                                             const float (&o)[kO], const float (&lse)[2], const ptx::TmaDesc* tma_o,
                                             float* __restrict__ lse_out, int heads_q) {
-  // The Q tile's rows of this warpgroup are free: its last S GEMM has completed.
-  const uint32_t tile = ptx::smem_addr(smem.q) + wg * kWgRows * kRowBytes;
+  // The Q tile's rows of this warpgroup are free (its last S GEMM has completed); an own O
+  // tile is free once the previous unit's store has read it.
+  if constexpr (kOwnOTile) {
+    if (warp == 0 && lane == 0) ptx::tma_store_wait_read();
+    named_barrier_sync(barrier_id(BarrierId::kEpilogue0, wg), 128);
+  }
+  const uint32_t tile = smem.o_tile() + wg * kWgRows * kRowBytes;
   const int row0 = 16 * warp + lane / 4;  // row of h = 0 within the warpgroup's 64
 #pragma unroll
   for (int i = 0; i < kO; i += 2) {
@@ -53,7 +59,14 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
     }
   }
 
-  if (warp == 0 && lane == 0 && first_row < blk.seqlen_q) ptx::tma_store_wait_read();  // smem must outlive the read
+  if constexpr (!kOwnOTile)  // the Q tile is reloaded (or the CTA exits) only after this
+    if (warp == 0 && lane == 0 && first_row < blk.seqlen_q) ptx::tma_store_wait_read();
+}
+
+// Before a persistent consumer warpgroup exits: its last store must have read shared memory.
+__device__ __forceinline__ void drain_o_stores(int warp, int lane) {
+  if constexpr (kOwnOTile)
+    if (warp == 0 && lane == 0) ptx::tma_store_wait_read();
 }
 
 }  // namespace ft_sm90

@@ -13,6 +13,7 @@
 #include "ptx/wgmma.cuh"
 #include "smem_layout.cuh"
 #include "softmax.cuh"
+#include "tile_scheduler.cuh"
 
 namespace ft_sm90 {
 
@@ -23,29 +24,48 @@ constexpr int kPvSteps = kBlockN / 16; // k-steps of O += P V
 constexpr int kQkSteps = kHeadDim / 16;
 
 // ---- producer: one elected thread ---------------------------------------------------------
-__device__ __forceinline__ void producer_loads(SharedStorage& smem, const BlockInfo& blk, const ptx::TmaDesc* tma_q,
+// K or V tile of key block n into ring stage `stage`: alone, the whole tile; in a 2-CTA
+// cluster, this CTA's half (rows rank * kKvBoxRows ...) multicast into both CTAs.
+__device__ __forceinline__ void load_kv_tile(uint32_t stage, const ptx::TmaDesc* tma, uint32_t bar, int n,
+                                             const BlockInfo& blk, int rank, uint64_t policy) {
+  const uint32_t share = rank * kKvBoxRows * kRowBytes;
+  for (int p = 0; p < kPanels; ++p) {
+    const uint32_t dst = stage + p * kBlockN * kRowBytes + share;
+    const int row = n * kBlockN + rank * kKvBoxRows;
+    if constexpr (kClusterCtas == 1)
+      ptx::tma_load_4d(dst, tma, bar, p * kPanelCols, row, blk.kv_head, blk.batch, policy);
+    else
+      ptx::tma_load_4d_multicast(dst, tma, bar, p * kPanelCols, row, blk.kv_head, blk.batch,
+                                 (1u << kClusterCtas) - 1, policy);
+  }
+}
+
+// Every work unit of this CTA: Q once (after the consumers released the previous one), then
+// K and V of each key block, last first, into the rings (which run on across units).
+__device__ __forceinline__ void producer_loads(SharedStorage& smem, TileScheduler sched, int rank, int seqlen_q,
+                                               int seqlen_k, int heads_q, int heads_kv, const ptx::TmaDesc* tma_q,
                                                const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v) {
-  if (blk.n_block_max <= 0) return;  // nothing to load: the consumers write O = 0 without waiting
   const uint64_t evict_first = ptx::l2_policy_evict_first();
   const uint64_t evict_last = ptx::l2_policy_evict_last();
-
   const uint32_t q_bar = ptx::smem_addr(&smem.q_full);
-  ptx::mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
-  for (int p = 0; p < kPanels; ++p)
-    ptx::tma_load_4d(ptx::smem_addr(smem.q) + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head,
-                     blk.batch, evict_first);
-
   KvState st;
-  for (int n = blk.n_block_max - 1; n >= 0; --n) {
-    const uint32_t k_bar = smem.k_ring.producer_acquire(st, kKvTileBytes);
+  for (uint32_t q_round = 0; sched.valid(); sched.next()) {
+    const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
+    if (blk.n_block_max <= 0) continue;  // nothing to load: the consumers write O = 0 without waiting
+    if (q_round > 0) ptx::mbarrier_wait(ptx::smem_addr(&smem.q_empty), (q_round - 1) & 1);
+    ptx::mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
     for (int p = 0; p < kPanels; ++p)
-      ptx::tma_load_4d(ptx::smem_addr(smem.k[st.index]) + p * kBlockN * kRowBytes, tma_k, k_bar, p * kPanelCols,
-                       n * kBlockN, blk.kv_head, blk.batch, evict_last);
-    const uint32_t v_bar = smem.v_ring.producer_acquire(st, kKvTileBytes);
-    for (int p = 0; p < kPanels; ++p)
-      ptx::tma_load_4d(ptx::smem_addr(smem.v[st.index]) + p * kBlockN * kRowBytes, tma_v, v_bar, p * kPanelCols,
-                       n * kBlockN, blk.kv_head, blk.batch, evict_last);
-    st.advance();
+      ptx::tma_load_4d(ptx::smem_addr(smem.q) + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(),
+                       blk.head, blk.batch, evict_first);
+    ++q_round;
+    for (int n = blk.n_block_max - 1; n >= 0; --n) {
+      // each CTA's full barrier expects the whole tile: its own half and the peer's
+      load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n, blk,
+                   rank, evict_last);
+      load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, smem.v_ring.producer_acquire(st, kKvTileBytes), n, blk,
+                   rank, evict_last);
+      st.advance();
+    }
   }
 }
 
@@ -84,15 +104,23 @@ struct Consumer {
       ptx::Wgmma<kBlockN>::template ss<kIsBf16, 0, 0>(s, q_desc(q_base, wg, kk), k_desc(k_base, kk), kk > 0);
   }
 
+  // k-steps [kBegin, kEnd) of O += P V (keys 16 kBegin .. 16 kEnd - 1 of the tile)
+  template <int kBegin = 0, int kEnd = kPvSteps>
   __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&p)[kPvSteps][4],
                                            const KvState& st) const {
     const uint32_t v_base = ptx::smem_addr(smem.v[st.index]);
 #pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) ptx::Wgmma<kHeadDim>::template rs<kIsBf16, 1>(o, p[kk], v_desc(v_base, kk), 1);
+    for (int kk = kBegin; kk < kEnd; ++kk)
+      ptx::Wgmma<kHeadDim>::template rs<kIsBf16, 1>(o, p[kk], v_desc(v_base, kk), 1);
   }
 
+  // This warp is done reading the stage: tell the producer(s) that write into it.
   __device__ __forceinline__ void release(RingBarriers<kKvStages>& ring, const KvState& st) const {
-    if (lane == 0) ring.consumer_release(st);
+    if constexpr (kClusterCtas == 1) {
+      if (lane == 0) ring.consumer_release(st);
+    } else {
+      if (lane < kClusterCtas) ring.consumer_release_to(st, lane);
+    }
   }
 
   __device__ __forceinline__ void mask(float (&s)[kSRegs], int n) const {
@@ -100,21 +128,30 @@ struct Consumer {
       apply_mask(s, n * kBlockN + 2 * (lane % 4), first_row + 16 * warp + lane / 4, blk.seqlen_k, blk.causal_offset);
   }
 
-  // Runs the whole loop over key blocks; o is zero on entry.
-  __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
+  // Runs the whole loop over the key blocks of one work unit; o is zero on entry. `q_round`
+  // counts the units whose Q this CTA loaded (its parity is the q_full phase).
+  __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
+                                      uint32_t& q_round) const {
     init_turns();
     if (blk.n_block_max > 0) {
-      ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), 0);
+      ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), q_round & 1);
+      ++q_round;
       if constexpr (kIntraWgOverlap)
-        run_overlapped(o, softmax);
+        run_overlapped(o, softmax, st);
       else
-        run_serial(o, softmax);
+        run_serial(o, softmax, st);
     }
     close_turns();
   }
 
-  // S = Q K^T for the key block in stage `st`, waited for; the K stage is released.
-  __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st) const {
+  // After the unit's last S GEMM: Q may be reloaded for the next unit.
+  __device__ __forceinline__ void release_q() const {
+    if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&smem.q_empty));
+  }
+
+  // S = Q K^T for the key block in stage `st`, waited for; the K stage (and after the last
+  // key block, Q) is released.
+  __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st, bool last) const {
     smem.k_ring.consumer_wait(st);
     begin_gemm_turn();
     ptx::wgmma_fence();
@@ -124,6 +161,7 @@ struct Consumer {
     ptx::wgmma_wait<0>();
     ptx::fence_operands(s);
     release(smem.k_ring, st);
+    if (last) release_q();
   }
 
   // O += P V for the key block in stage `st`, waited for; the V stage is released.
@@ -140,34 +178,54 @@ struct Consumer {
     release(smem.v_ring, st);
   }
 
-  // Per key block: S = Q K^T, wait, softmax, O += P V, wait.
-  __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
-    KvState st;
+  // Per key block: S = Q K^T, wait, softmax, O += P V, wait. With kPvSplit, the first
+  // kPvSplit keys of P go to the tensor cores while the rest are exponentiated.
+  __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st) const {
     for (int n = blk.n_block_max - 1; n >= 0; --n) {
       float s[kSRegs];
-      qk_gemm(s, st);
+      qk_gemm(s, st, n == 0);
 
       mask(s, n);
       float o_scale[2];
       if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
-      softmax.exponentiate(s);
       uint32_t p[kPvSteps][4];
-      convert_p(s, p);
-
-      pv_gemm(o, p, st);
+      if constexpr (kPvSplit > 0) {
+        constexpr int kSplitSteps = kPvSplit / 16;  // k-steps (and 8 accumulator values each) of the first part
+        softmax.template exponentiate<0, 8 * kSplitSteps>(s);
+        convert_p<kSRegs, 0, kSplitSteps>(s, p);
+        smem.v_ring.consumer_wait(st);
+        begin_gemm_turn();
+        ptx::wgmma_fence();
+        issue_pv<0, kSplitSteps>(o, p, st);
+        ptx::wgmma_commit();
+        softmax.template exponentiate<8 * kSplitSteps, kSRegs>(s);
+        convert_p<kSRegs, kSplitSteps, kPvSteps>(s, p);
+        ptx::wgmma_fence();  // the second part's P registers were written after the first fence
+        issue_pv<kSplitSteps, kPvSteps>(o, p, st);
+        ptx::wgmma_commit();
+        end_gemm_turn();
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(o);
+        ptx::fence_operands(p);
+        release(smem.v_ring, st);
+      } else {
+        softmax.exponentiate(s);
+        convert_p(s, p);
+        pv_gemm(o, p, st);
+      }
       st.advance();
     }
   }
 
   // Software-pipelined: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, wait only for
   // S_j, run the softmax of tile j while the P.V GEMM is in flight, then rescale O.
-  __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax) const {
-    KvState st;
+  __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax,
+                                                 KvState& st) const {
     uint32_t p[kPvSteps][4];
     int n = blk.n_block_max - 1;
     {  // first key block: no P.V in flight yet, O is zero (no rescale needed)
       float s[kSRegs];
-      qk_gemm(s, st);
+      qk_gemm(s, st, n == 0);
       mask(s, n);
       float o_scale[2];
       softmax.update_max(s, o_scale);
@@ -191,6 +249,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       ptx::fence_operands(s);
       release(smem.k_ring, st);
+      if (n == 0) release_q();
 
       mask(s, n);
       float o_scale[2];
@@ -206,6 +265,7 @@ struct Consumer {
     }
     // last P.V
     pv_gemm(o, p, st);
+    st.advance();
   }
 };
 

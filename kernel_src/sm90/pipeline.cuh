@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 
 namespace ft_sm90 {
@@ -22,7 +23,8 @@ struct PipelineState {
 };
 
 // Barriers of one ring, living in shared memory. full[s]: one producer arrival plus the
-// TMA bytes. empty[s]: one arrival per consumer warp.
+// TMA bytes. empty[s]: one arrival per consumer warp of every CTA that reads the stage (in a
+// 2-CTA cluster each CTA's producer multicasts half of every tile into both CTAs' rings).
 template <int kStages>
 struct RingBarriers {
   uint64_t full[kStages];
@@ -51,6 +53,11 @@ struct RingBarriers {
   // Called by one lane of every consumer warp once its reads of the stage have completed.
   __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& st) {
     ptx::mbarrier_arrive(ptx::smem_addr(&empty[st.index]));
+  }
+
+  // The same, on the ring of CTA `rank` of the cluster (whose producer writes into this stage).
+  __device__ __forceinline__ void consumer_release_to(const PipelineState<kStages>& st, uint32_t rank) {
+    ptx::mbarrier_arrive_cluster(ptx::map_shared_rank(ptx::smem_addr(&empty[st.index]), rank));
   }
 };
 

@@ -22,12 +22,16 @@ constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
 
 // The base is aligned to 1024 bytes by the kernel; every tile size is a multiple of 1024.
 struct SharedStorage {
-  elem_t q[kBlockM * kHeadDim];  // also the O staging tile of the epilogue
+  elem_t q[kBlockM * kHeadDim];  // also the O staging tile of the epilogue unless kOwnOTile
   elem_t k[kKvStages][kBlockN * kHeadDim];
   elem_t v[kKvStages][kBlockN * kHeadDim];
+  elem_t o[kOwnOTile ? kBlockM * kHeadDim : 1];  // O staging tile of a persistent CTA
   RingBarriers<kKvStages> k_ring;
   RingBarriers<kKvStages> v_ring;
-  uint64_t q_full;
+  uint64_t q_full;   // Q of the current work unit landed
+  uint64_t q_empty;  // every consumer warp is done reading Q (a persistent producer may reload it)
+
+  __device__ __forceinline__ uint32_t o_tile() { return ptx::smem_addr(kOwnOTile ? o : q); }
 };
 
 static_assert(kQTileBytes % kSwizzleAtomBytes == 0 && kKvTileBytes % kSwizzleAtomBytes == 0,

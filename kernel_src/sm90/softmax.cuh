@@ -55,13 +55,15 @@ struct OnlineSoftmax {
     return true;
   }
 
-  // s (raw scores, masked = -inf) -> p = 2^(s * scale_log2 - row_max), added to row_sum.
+  // s (raw scores, masked = -inf) -> p = 2^(s * scale_log2 - row_max), added to row_sum;
+  // accumulator values [kBegin, kEnd) only (8 values = 16 keys of the tile).
+  template <int kBegin = 0, int kEnd = kN>
   __device__ __forceinline__ void exponentiate(float (&s)[kN]) {
     float neg_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) neg_max[h] = row_max[h] == -INFINITY ? 0.f : -row_max[h];
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
+    for (int i = kBegin; i < kEnd; ++i) {
       s[i] = ptx::exp2_approx(fmaf(s[i], scale_log2, neg_max[acc_row_half(i)]));
       row_sum[acc_row_half(i)] += s[i];
     }
@@ -105,11 +107,11 @@ __device__ __forceinline__ void apply_mask(float (&s)[kN], int col0, int row0, i
 }
 
 // The P fragment (A operand of O += P V) of k-step kk equals the accumulator values
-// 8kk .. 8kk+7 packed in pairs: identical layouts for 16-bit types.
-template <int kN>
+// 8kk .. 8kk+7 packed in pairs: identical layouts for 16-bit types. k-steps [kBegin, kEnd).
+template <int kN, int kBegin = 0, int kEnd = kN / 8>
 __device__ __forceinline__ void convert_p(const float (&s)[kN], uint32_t (&p)[kN / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kN / 8; ++kk)
+  for (int kk = kBegin; kk < kEnd; ++kk)
 #pragma unroll
     for (int r = 0; r < 4; ++r) p[kk][r] = ptx::pack2<kIsBf16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }

@@ -16,13 +16,16 @@ from tuner.problem import Problem
 from tuner.space import available_families, load_space
 from tuner.tune import measure_job_for
 
+from tests.test_kernel_builds import REPRESENTATIVE
+
 from .conftest import compile_all
 
 pytestmark = pytest.mark.gpu
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_kv)
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv); the last two have more query blocks than an H100/H200
+# has SMs, so that a persistent CTA (or cluster) loops over several work units
 SHAPES = [(2, 1, 1, 2, 2), (1, 17, 17, 3, 3), (2, 257, 257, 4, 2), (1, 1000, 1000, 8, 2), (1, 100, 300, 2, 2),
-          (1, 300, 100, 2, 1), (1, 2048, 2048, 4, 4)]
+          (1, 300, 100, 2, 1), (1, 2048, 2048, 4, 4), (8, 1000, 1000, 8, 2), (4, 700, 900, 16, 4)]
 
 
 def statics(space):
@@ -35,10 +38,15 @@ def problems_for(dtype, head_dim, causal):
 
 
 def covering_configs(space, device, seed=0):
-    """The default plus configs, feasible for every static problem, so that every knob value appears once."""
+    """The default, the family's representative knob combinations (tests/test_kernel_builds.py), then
+    configs feasible for every static problem so that every knob value appears at least once."""
     rng = random.Random(seed)
     probes = [problems_for(*s)[0] for s in statics(space)]
     chosen = [space.defaults()]
+    for partial in REPRESENTATIVE.get(space.name, {}).values():
+        c = space.validate(partial, partial=True)
+        if c not in chosen and all(space.check(c, p, device) is None for p in probes):
+            chosen.append(c)
     for knob in space.knobs:
         for value in knob.values:
             if any(c[knob.name] == value for c in chosen):

@@ -35,8 +35,8 @@ class TmaError(RuntimeError):
 def box_rows(config: Mapping[str, int]) -> dict[str, int]:
     """Rows of the TMA box of each tensor for a config (knob names of search_spaces/sm90.toml)."""
     block_m = _WG_ROWS * int(config["consumer_wgs"])
-    block_n = int(config["block_n"])
-    return {"q": block_m, "k": block_n, "v": block_n, "o": _WG_ROWS}
+    kv_rows = int(config["block_n"]) // int(config.get("cta_mode", 1))  # each CTA of a cluster loads its share
+    return {"q": block_m, "k": kv_rows, "v": kv_rows, "o": _WG_ROWS}
 
 
 def _encode(tensor, rows_box: int):
@@ -111,6 +111,7 @@ def build_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, in
         _encode(v, rows["v"]),
         _encode(o, rows["o"]),
         lse,
+        np.int32(batch),
         np.int32(seqlen_q),
         np.int32(seqlen_k),
         np.int32(heads_q),

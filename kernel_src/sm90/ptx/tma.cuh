@@ -41,6 +41,17 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const TmaDesc* desc, u
       : "memory");
 }
 
+// As tma_load_4d, but the box lands at the same offset in the shared memory of every CTA
+// of the cluster named in `cta_mask`, and completes its bytes on each one's mbarrier at `bar`.
+__device__ __forceinline__ void tma_load_4d_multicast(uint32_t dst, const TmaDesc* desc, uint32_t bar, int c0, int c1,
+                                                      int c2, int c3, uint16_t cta_mask, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7, %8;\n" ::"r"(dst),
+      "l"(tma_desc_addr(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(cta_mask), "l"(policy)
+      : "memory");
+}
+
 // Shared -> global, one 4-D box; elements outside the tensor are not written.
 __device__ __forceinline__ void tma_store_4d(const TmaDesc* desc, uint32_t src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(

@@ -1,0 +1,68 @@
+"""The real kernel families build without register spills: the knobs one at a time, and a seeded
+sample of the statically feasible space (the space files' register estimates claim that much).
+Needs nvcc, not a GPU."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from tuner.compile import compile_config
+from tuner.devices import limits_for_arch
+from tuner.problem import Problem
+from tuner.space import config_key, load_space
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+# sm90: each scheduling/pipeline knob away from its default, and their combinations that share code paths
+SM90_REPRESENTATIVE = {
+    "default": {},
+    "persistent": {"persistent": 1},
+    "cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "cluster_persistent": {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232},
+    "pv_split": {"intra_wg_overlap": 0, "pv_split": 64},
+    "pv_split_pingpong_persistent": {"intra_wg_overlap": 0, "pv_split": 32, "pingpong": 1, "persistent": 1,
+                                     "block_n": 112},
+    "pingpong": {"pingpong": 1},
+    "three_wgs_cluster": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64,
+                          "cta_mode": 2, "persistent": 1},
+    "one_wg": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176, "kv_stages": 2},
+}
+#: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py)
+REPRESENTATIVE = {"sm90": SM90_REPRESENTATIVE}
+
+
+def _problem(head_dim: int, dtype: str, causal: bool) -> Problem:
+    return Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+@pytest.mark.parametrize("name", list(SM90_REPRESENTATIVE))
+@pytest.mark.parametrize(("head_dim", "dtype", "causal"), [(128, "fp16", False), (64, "bf16", True)])
+def test_sm90_representative_configs_build_without_spills(name, head_dim, dtype, causal):
+    space = load_space("sm90")
+    device = limits_for_arch(90)
+    config = space.validate(SM90_REPRESENTATIVE[name], partial=True)
+    problem = _problem(head_dim, dtype, causal)
+    assert space.check(config, problem, device) is None
+    kernel = compile_config(space, config, problem, device)
+    assert kernel.arch == "90a"
+    assert not kernel.resources.spills, (name, kernel.resources)
+
+
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_sampled_feasible_configs_build_without_spills(family):
+    space = load_space(family)
+    arch = space.family.min_arch if space.family.arch_suffix else 80
+    device = limits_for_arch(arch)
+    rng = random.Random(20261129)
+    built: dict[str, object] = {}
+    while len(built) < 6:
+        problem = _problem(rng.choice(space.family.head_dims), rng.choice(space.family.dtypes), rng.random() < 0.5)
+        config = {k.name: rng.choice(k.values) for k in space.knobs}
+        if space.check(config, problem, device) is None:
+            kernel = compile_config(space, config, problem, device)
+            built[config_key(config) + repr(problem)] = kernel.resources
+            assert not kernel.resources.spills, (config, problem, kernel.resources)
+    assert len(built) == 6
