@@ -25,15 +25,34 @@ def write(tmp_path: Path, text: str, name: str = "suite.toml") -> Path:
     return path
 
 
-def test_shipped_h200_sweep():
+def test_shipped_h200_sweep_is_issue_4s_grid():
     suite = load_suite(STUDIES / "h200_sweep.toml")
-    assert suite.name == "h200_sweep" and len(suite.problems) == 24
+    assert suite.name == "h200_sweep" and len(suite.problems) == 48
     seqlens = [512, 1024, 2048, 4096, 8192, 16384]
-    assert {(p.dtype, p.causal, p.seqlen_q) for p in suite.problems} == {
-        (d, c, n) for d in ("fp16", "bf16") for c in (False, True) for n in seqlens}
+    assert {(p.head_dim, p.heads_q, p.dtype, p.causal, p.seqlen_q) for p in suite.problems} == {
+        (d, h, t, c, n) for d, h in ((128, 16), (64, 32)) for t in ("fp16", "bf16") for c in (False, True)
+        for n in seqlens}
     for p in suite.problems:
-        assert p.batch * p.seqlen_q == 16384 and p.heads_q == p.heads_kv == 16 and p.head_dim == 128
+        assert p.batch * p.seqlen_q == 16384 and p.heads_q == p.heads_kv
         assert p.seqlen_k == p.seqlen_q
+
+
+def test_several_grids(tmp_path):
+    path = write(tmp_path, f'''family = "{FAMILY}"
+[[grid]]
+head_dim = 128
+heads = 16
+seqlen = [1024, 2048]
+batch = 2
+[[grid]]
+head_dim = 64
+heads = 32
+seqlen = 1024
+batch = 2
+''')
+    suite = load_suite(path)
+    assert [(p.head_dim, p.heads_q, p.seqlen_q) for p in suite.problems] == [(128, 16, 1024), (128, 16, 2048),
+                                                                           (64, 32, 1024)]
 
 
 @pytest.mark.parametrize("path", sorted(STUDIES.glob("*.toml")), ids=lambda p: p.name)
@@ -92,6 +111,8 @@ BASE = 'head_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n'
     (f'family = "{FAMILY}"\n[[problems]]\n' + BASE.replace("1024", "[1, 2]"), "single values"),
     (f'family = "{FAMILY}"\n[grid]\n' + BASE + "kv_heads = 3\n", "must divide heads_q"),
     ("family = [", "not valid TOML"),
+    (f'family = "{FAMILY}"\ngrid = 3\n', "grid must be a table"),
+    (f'family = "{FAMILY}"\n[[grid]]\n' + BASE + "seqlen_k = []\n", r"\[\[grid\]\] #1: seqlen_k is an empty list"),
 ])
 def test_malformed_suites_are_refused_naming_the_file(tmp_path, text, match):
     path = write(tmp_path, text)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .devices import KNOWN_ARCHS, DeviceLimits, limits_for_arch
@@ -226,12 +227,39 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
+    if args.suite:
+        return _bench_suite(args)
+    if args.ablate or args.output:
+        raise UsageError("--ablate and --output go with --suite")
     problem = _problem(args)
     worker, info = _start_worker(args.gpu)
     with worker:
         run_bench(worker, info, args.family, problem, config=_parse_config(args.config), study=args.study,
                   storage_url=args.storage, out=sys.stdout)
     return 0
+
+
+def _bench_suite(args: argparse.Namespace) -> int:
+    """``bench --suite FILE``: each study's winner against the peers, as a Markdown table (and JSON)."""
+    from .bench_suite import bench_suite, markdown_table
+    from .suite import load_suite, suite_storage
+
+    if args.study or args.config:
+        raise UsageError("with --suite every problem's config comes from its study; drop --study/--config")
+    suite = load_suite(args.suite)
+    storage_url = suite_storage(suite, args.storage)
+    worker, info = _start_worker(args.gpu)
+    with worker:
+        rows = bench_suite(worker, info, suite, storage_url, ablate=args.ablate, log=sys.stderr)
+    table = markdown_table(rows, info, suite, storage_url)
+    if args.output:
+        out = Path(args.output)
+        out.write_text(table)
+        out.with_suffix(".json").write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1))
+        print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
+    else:
+        print(table, end="")
+    return 0 if any(r.tflops for r in rows) else 1
 
 
 def _tune_suite(args: argparse.Namespace) -> int:
@@ -359,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(p)
     p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults)")
     p.add_argument("--study", help="take the config from this study's winner instead")
+    p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
+    p.add_argument("--ablate", action="store_true",
+                   help="with --suite: also time each winner with each tuned knob put back to its default")
+    p.add_argument("-o", "--output", help="with --suite: Markdown file to write (and a .json beside it)")
     p.add_argument("--gpu", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 

@@ -14,6 +14,8 @@ Format (``studies/h200_sweep.toml`` is an example)::
     seqlen = [512, 1024, 2048]
     tokens = 16384                                # batch = tokens / seqlen (or: batch = 8)
 
+    # [[grid]] instead of [grid]: several grids, e.g. 16 heads of 128 and 32 heads of 64
+
     [[problems]]                                  # and/or single problems
     dtype = "fp16"
     head_dim = 64
@@ -106,9 +108,11 @@ def load_suite(path: str | Path) -> Suite:
     problems: list[Problem] = []
     grid = data.get("grid")
     if grid is not None:
-        if not isinstance(grid, dict):
-            raise SuiteError(f"{path}: [grid] must be a table")
-        problems += _expand_grid(grid, f"{path} [grid]")
+        grids = [grid] if isinstance(grid, dict) else grid
+        if not isinstance(grids, list) or not grids or not all(isinstance(g, dict) for g in grids):
+            raise SuiteError(f"{path}: grid must be a table ([grid]) or an array of tables ([[grid]])")
+        for i, g in enumerate(grids):
+            problems += _expand_grid(g, f"{path} [grid]" if isinstance(grid, dict) else f"{path} [[grid]] #{i + 1}")
     listed = data.get("problems", [])
     if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
         raise SuiteError(f"{path}: problems must be an array of tables ([[problems]])")

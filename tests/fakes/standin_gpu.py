@@ -28,3 +28,11 @@ def device_info(_: object = None) -> dict[str, object]:
 def run_job(job: MeasureJob) -> MeasureResult:
     time.sleep(0.02)
     return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config), reps=1, spread=0.0)
+
+
+def run_peers(argument: tuple) -> list[dict[str, object]]:
+    """Peers with fixed figures: cuDNN 150, FA2 100, efficient refusing, the GEMM 300 TFLOPS."""
+    return [{"name": "sdpa_flash_attention", "latency_ms": 1.0, "tflops": 100.0, "detail": ""},
+            {"name": "sdpa_cudnn_attention", "latency_ms": 1.0, "tflops": 150.0, "detail": ""},
+            {"name": "sdpa_efficient_attention", "latency_ms": None, "tflops": None, "detail": "refused"},
+            {"name": "cublas_gemm_8192", "latency_ms": 1.0, "tflops": 300.0, "detail": "random inputs"}]
