@@ -29,6 +29,14 @@ struct BlockInfo {
 
   __device__ __forceinline__ int m0() const { return m_block * kBlockM; }
 
+  // Key blocks [0, result) hold a key that some of the rows first_row .. first_row + rows - 1
+  // see; the blocks from there to n_block_max are fully masked for those rows.
+  __device__ __forceinline__ int n_block_visible(int first_row, int rows) const {
+    if constexpr (!kIsCausal) return n_block_max;
+    const int keys = first_row + rows + causal_offset;  // keys the last of the rows sees
+    return keys <= 0 ? 0 : min(n_block_max, (keys + kBlockN - 1) / kBlockN);
+  }
+
   // Does key block n need masking for rows starting at first_row (tail or diagonal)?
   __device__ __forceinline__ bool needs_mask(int n, int first_row) const {
     const int key_end = (n + 1) * kBlockN;

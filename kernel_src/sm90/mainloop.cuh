@@ -136,12 +136,32 @@ struct Consumer {
     if (blk.n_block_max > 0) {
       ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), q_round & 1);
       ++q_round;
-      if constexpr (kIntraWgOverlap)
-        run_overlapped(o, softmax, st);
+      const int n_first = skip_masked_blocks(st) - 1;
+      if (n_first < 0)
+        release_q();  // this warpgroup's rows see no key: O = 0, LSE = -inf
+      else if constexpr (kIntraWgOverlap)
+        run_overlapped(o, softmax, st, n_first);
       else
-        run_serial(o, softmax, st);
+        run_serial(o, softmax, st, n_first);
     }
     close_turns();
+  }
+
+  // Causal: the CTA visits key blocks up to its last row's diagonal (a cluster: the upper CTA's),
+  // but this warpgroup's rows may see fewer. Their stages are consumed unread. Returns the key
+  // blocks left to compute. Ping-pong needs both warpgroups to take the same turns: no skip.
+  __device__ __forceinline__ int skip_masked_blocks(KvState& st) const {
+    int n = blk.n_block_max;
+    if constexpr (kIsCausal && !kPingPong) {
+      for (const int visible = blk.n_block_visible(first_row, kWgRows); n > visible; --n) {
+        smem.k_ring.consumer_wait(st);
+        release(smem.k_ring, st);
+        smem.v_ring.consumer_wait(st);
+        release(smem.v_ring, st);
+        st.advance();
+      }
+    }
+    return n;
   }
 
   // After the unit's last S GEMM: Q may be reloaded for the next unit.
@@ -180,8 +200,9 @@ struct Consumer {
 
   // Per key block: S = Q K^T, wait, softmax, O += P V, wait. With kPvSplit, the first
   // kPvSplit keys of P go to the tensor cores while the rest are exponentiated.
-  __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st) const {
-    for (int n = blk.n_block_max - 1; n >= 0; --n) {
+  __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
+                                             int n_first) const {
+    for (int n = n_first; n >= 0; --n) {
       float s[kSRegs];
       qk_gemm(s, st, n == 0);
 
@@ -219,10 +240,10 @@ struct Consumer {
 
   // Software-pipelined: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, wait only for
   // S_j, run the softmax of tile j while the P.V GEMM is in flight, then rescale O.
-  __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax,
-                                                 KvState& st) const {
+  __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
+                                                 int n_first) const {
     uint32_t p[kPvSteps][4];
-    int n = blk.n_block_max - 1;
+    int n = n_first;
     {  // first key block: no P.V in flight yet, O is zero (no rescale needed)
       float s[kSRegs];
       qk_gemm(s, st, n == 0);
