@@ -131,7 +131,8 @@ def _check_resumable(name: str, attrs: dict[str, Any], space: Space, problem: Pr
                          "compare: use another --study name")
     if attrs.get("space_digest") != space_digest(space):
         raise StudyError(f"the knobs of {space.name} changed since study {name!r} was created; "
-                         "its stored configs no longer match: start a new study")
+                         "its stored configs no longer match: start a new study (another --study name; "
+                         "with --suite, another --storage)")
 
 
 def study_problem(study: optuna.Study) -> Problem:
