@@ -268,6 +268,35 @@ def test_a_sampler_that_repeats_itself_gets_unseen_configs_enqueued(storage, toy
 
 
 
+class _InfeasibleSampler(_StuckSampler):
+    """Proposes random configs of which none passes the static check: lost in the infeasible part of a space."""
+
+    def __init__(self, space, problem, device):
+        self.rng = __import__("random").Random(0)
+        self.space, self.problem, self.device = space, problem, device
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        while True:
+            config = {k.name: self.rng.choice(k.values) for k in self.space.knobs}
+            if self.space.check(config, self.problem, self.device) is not None:
+                return config[param_name]
+
+
+def test_a_sampler_lost_in_infeasible_configs_gets_feasible_ones_enqueued(storage, toy_space, problem, sm80):
+    study = st.open_study(storage=storage, name="lost", space=toy_space, problem=problem, gpu=GPU,
+                          sampler=_InfeasibleSampler(toy_space, problem, sm80))
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1, max_idle_asks=30),
+                   compiler=fake_compiler)
+    evaluated = evaluated_trials(study)
+    assert len(evaluated) == 5 and summary.stopped_because == "the study holds 5 evaluated trials"
+    assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) == 4  # all but the default
+    # eight infeasible proposals (new or repeated) in a row before each enqueue
+    assert summary.infeasible + summary.duplicates >= 4 * 8 and summary.infeasible >= 1
+
+
 def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
     # the database commits the tell, then the connection drops before the reply: the retry
     # finds the trial finished (CI, session 1) and must return it, not fail the tuner

@@ -49,7 +49,8 @@ class TuneSettings:
     compile_timeout_s: float = 600.0
     trial_timeout_s: float = 120.0
     max_idle_asks: int = 200  # consecutive asks that measure nothing before the space counts as exhausted
-    explore_after_duplicates: int = 8  # the sampler repeated itself this often in a row: enqueue an unseen config
+    explore_after_idle: int = 8  # the sampler repeated itself or proposed infeasible configs this often in a row:
+    #                              enqueue an unseen feasible config
     storage_retries: int = 6  # attempts per storage operation ...
     storage_retry_delay_s: float = 1.0  # ... waiting this long after the first failure, doubling each time
     measure: MeasureSettings = field(default_factory=MeasureSettings)
@@ -161,13 +162,6 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                         summary.duplicates += 1
                         idle_asks += 1
                         repeats += 1
-                        if repeats >= settings.explore_after_duplicates:  # a converged sampler: widen the search
-                            taken = state.seen.keys() | {config_key(p.config) for p in pending}
-                            unseen = _unseen_feasible(space, problem, device, taken, rng)
-                            if unseen is not None:
-                                storage_call(lambda: study.enqueue_trial(unseen, user_attrs={st.EXPLORATION: True}),
-                                             what="enqueuing an unseen config")
-                            repeats = 0
                     elif any(config_key(p.config) == key for p in pending):
                         waiting.setdefault(key, []).append(trial)
                         summary.duplicates += 1
@@ -177,6 +171,7 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                         state.seen[key] = _finish(study, trial, storage_call, status="infeasible", reason=reason)
                         summary.infeasible += 1
                         idle_asks += 1
+                        repeats += 1
                         report("infeasible")
                     else:
                         idle_asks = repeats = 0
@@ -190,6 +185,14 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                         continue
                     heartbeat.release(trial)
                     state.running -= 1
+                    if repeats >= settings.explore_after_idle:
+                        # a converged sampler, or one lost in the infeasible part of the space: widen the search
+                        taken = state.seen.keys() | {config_key(p.config) for p in pending}
+                        unseen = _unseen_feasible(space, problem, device, taken, rng)
+                        if unseen is not None:
+                            storage_call(lambda: study.enqueue_trial(unseen, user_attrs={st.EXPLORATION: True}),
+                                         what="enqueuing an unseen config")
+                        repeats = 0
                 if not pending and _others_may_finish(state, settings, deadline, idle_asks):
                     time.sleep(HEARTBEAT_INTERVAL_S)  # trials held elsewhere: they finish, or go stale and return
                     continue
