@@ -72,6 +72,10 @@ def test_comment_block_describes_the_result(finished, storage_url):
                    f"{winner['speedup_over_default']:.3f}x the default config", "2025-03-04T05:06:07+00:00",
                    f"flashtune {__version__}", storage_url):
         assert needle in text, needle
+    geometry = chosen.space.launch(chosen.config, chosen.problem, chosen.device)
+    assert (f"{geometry.grid} for this shape on {chosen.device.num_sms} SMs; {geometry.threads} threads; "
+            f"{geometry.smem_bytes} B of dynamic shared memory") in text
+    assert chosen.space.launch_grid[0].text in text  # the rule, for other shapes
     for line in text.splitlines():  # everything but the guard, the defines and blank lines is a // comment
         assert line == "" or line.startswith(("//", "#")), line
 

@@ -196,6 +196,7 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("shape", shape),
         ("result", result),
         ("speedup", speedup),
+        ("launch", _launch_text(chosen)),
         ("study", chosen.study_name),
         ("storage", mask_url(storage_url)),
         ("tuned by", f"flashtune {chosen.made_by}" + (f", re-timed {chosen.measured_on}" if chosen.measured_on
@@ -203,6 +204,15 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("exported", f"{now.isoformat(timespec='seconds')} by flashtune {__version__}"),
     ]
     return [(k, comment_text(v)) for k, v in rows]
+
+
+def _launch_text(chosen: ChosenConfig) -> str:
+    """How to launch the kernel: the space's [launch] rules, and their values for the study's shape."""
+    space = chosen.space
+    geometry = space.launch(chosen.config, chosen.problem, chosen.device)
+    rules = ", ".join(g.text for g in space.launch_grid)
+    return (f"grid ({rules}) = {geometry.grid} for this shape on {chosen.device.num_sms} SMs; "
+            f"{geometry.threads} threads; {geometry.smem_bytes} B of dynamic shared memory")
 
 
 def render_header(chosen: ChosenConfig, *, storage_url: str, now: datetime | None = None,
