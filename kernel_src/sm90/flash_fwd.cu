@@ -66,6 +66,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
     const int warp = warp_in_cta % 4;
     KvState st;
     uint32_t q_round = 0;
+    open_gemm_turns(cwg);
     for (; sched.valid(); sched.next()) {
       const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
       const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows};
@@ -78,6 +79,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
       softmax.finalize(o, row_lse);
       store_o_lse(smem, blk, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q);
     }
+    close_gemm_turns(cwg);
     drain_o_stores(warp, lane);
   }
   if constexpr (kClusterCtas > 1) ptx::cluster_sync();  // the peer may still multicast into us or arrive here

@@ -69,6 +69,23 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
   }
 }
 
+// ---- ping-pong turn chain, once per CTA -------------------------------------------------------
+// Warpgroup w syncs on kWgTurn0 + w before issuing GEMMs and then arrives on the next one's
+// barrier. Every warpgroup takes the same number of turns in every work unit (no block skip
+// with ping-pong), so the chain runs on across the units of a persistent CTA; opening and
+// closing it per unit would let the last warpgroup arrive twice on turn 0 before warpgroup 0
+// synced once.
+// Before the first unit: the last warpgroup opens the first turn for warpgroup 0.
+__device__ __forceinline__ void open_gemm_turns(int wg) {
+  if constexpr (kPingPong)
+    if (wg == kConsumerWgs - 1) named_barrier_arrive(barrier_id(BarrierId::kWgTurn0, 0), 256);
+}
+// After the last unit: warpgroup 0 takes the turn left open by the last one.
+__device__ __forceinline__ void close_gemm_turns(int wg) {
+  if constexpr (kPingPong)
+    if (wg == 0) named_barrier_sync(barrier_id(BarrierId::kWgTurn0, 0), 256);
+}
+
 // ---- consumer warpgroup ------------------------------------------------------------------
 struct Consumer {
   SharedStorage& smem;
@@ -84,16 +101,6 @@ struct Consumer {
   }
   __device__ __forceinline__ void end_gemm_turn() const {
     if constexpr (kPingPong) named_barrier_arrive(barrier_id(BarrierId::kWgTurn0, (wg + 1) % kConsumerWgs), 256);
-  }
-  // Before the loop: the last warpgroup opens the first turn for warpgroup 0.
-  __device__ __forceinline__ void init_turns() const {
-    if constexpr (kPingPong)
-      if (wg == kConsumerWgs - 1) named_barrier_arrive(barrier_id(BarrierId::kWgTurn0, 0), 256);
-  }
-  // After the loop: warpgroup 0 takes the turn left open by the last one.
-  __device__ __forceinline__ void close_turns() const {
-    if constexpr (kPingPong)
-      if (wg == 0) named_barrier_sync(barrier_id(BarrierId::kWgTurn0, 0), 256);
   }
 
   __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], const KvState& st) const {
@@ -132,7 +139,6 @@ struct Consumer {
   // counts the units whose Q this CTA loaded (its parity is the q_full phase).
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                       uint32_t& q_round) const {
-    init_turns();
     if (blk.n_block_max > 0) {
       ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), q_round & 1);
       ++q_round;
@@ -144,7 +150,6 @@ struct Consumer {
       else
         run_serial(o, softmax, st, n_first);
     }
-    close_turns();
   }
 
   // Causal: the CTA visits key blocks up to its last row's diagonal (a cluster: the upper CTA's),

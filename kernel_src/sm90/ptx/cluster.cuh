@@ -25,9 +25,12 @@ __device__ __forceinline__ uint32_t map_shared_rank(uint32_t addr, uint32_t rank
   return remote;
 }
 
-// Arrive on an mbarrier anywhere in the cluster (address from map_shared_rank).
+// Arrive on an mbarrier anywhere in the cluster (address from map_shared_rank). Default
+// .release.cta semantics, as CUTLASS's ClusterBarrier::arrive: the arrival only orders reads
+// that wgmma.wait already completed before the peer's TMA overwrites the stage, and
+// .release.cluster would put a GPU-wide MEMBAR before every arrival in the consumer loop.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
 
 }  // namespace ft_sm90::ptx
