@@ -1,5 +1,6 @@
 // Which query rows a CTA (and each of its consumer warpgroups) owns in one work unit, and
 // which key blocks it must visit under the tail and (bottom-right aligned) causal masks.
+// Host-callable too: tests/kernels/sm90_schedule_check.cu checks it against brute force.
 #pragma once
 
 #include "config.cuh"
@@ -12,8 +13,8 @@ struct BlockInfo {
   int causal_offset;  // seqlen_k - seqlen_q: row i sees key j iff j <= i + causal_offset
   int n_block_max;    // key blocks [0, n_block_max) are visited, from the last one down
 
-  __device__ __forceinline__ BlockInfo(int m_block_, int head_, int batch_, int seqlen_q_, int seqlen_k_, int heads_q,
-                                       int heads_kv)
+  __host__ __device__ __forceinline__ BlockInfo(int m_block_, int head_, int batch_, int seqlen_q_, int seqlen_k_,
+                                                int heads_q, int heads_kv)
       : m_block(m_block_), head(head_), batch(batch_), kv_head(head_ / (heads_q / heads_kv)), seqlen_q(seqlen_q_),
         seqlen_k(seqlen_k_), causal_offset(seqlen_k_ - seqlen_q_) {
     n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -27,18 +28,18 @@ struct BlockInfo {
     }
   }
 
-  __device__ __forceinline__ int m0() const { return m_block * kBlockM; }
+  __host__ __device__ __forceinline__ int m0() const { return m_block * kBlockM; }
 
   // Key blocks [0, result) hold a key that some of the rows first_row .. first_row + rows - 1
   // see; the blocks from there to n_block_max are fully masked for those rows.
-  __device__ __forceinline__ int n_block_visible(int first_row, int rows) const {
+  __host__ __device__ __forceinline__ int n_block_visible(int first_row, int rows) const {
     if constexpr (!kIsCausal) return n_block_max;
     const int keys = first_row + rows + causal_offset;  // keys the last of the rows sees
     return keys <= 0 ? 0 : min(n_block_max, (keys + kBlockN - 1) / kBlockN);
   }
 
   // Does key block n need masking for rows starting at first_row (tail or diagonal)?
-  __device__ __forceinline__ bool needs_mask(int n, int first_row) const {
+  __host__ __device__ __forceinline__ bool needs_mask(int n, int first_row) const {
     const int key_end = (n + 1) * kBlockN;
     bool mask = key_end > seqlen_k;
     if constexpr (kIsCausal) mask |= key_end - 1 > first_row + causal_offset;

@@ -14,31 +14,34 @@
 
 namespace ft_sm90 {
 
+// Host-callable too: tests/kernels/sm90_schedule_check.cu checks it exhaustively on the CPU.
 struct TileScheduler {
   int m_groups, heads, units;
   int unit, stride;
 
-  __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q)
+  // block = (blockIdx.x, blockIdx.y, blockIdx.z), grid_x = gridDim.x
+  __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
+                                                    int block_z, int grid_x)
       : m_groups((seqlen_q + kBlockM * kClusterCtas - 1) / (kBlockM * kClusterCtas)), heads(heads_q) {
     units = m_groups * heads * batch;
-    const int cluster = static_cast<int>(blockIdx.x) / kClusterCtas;
+    const int cluster = block_x / kClusterCtas;
     if constexpr (kPersistent) {
       unit = cluster;
-      stride = static_cast<int>(gridDim.x) / kClusterCtas;
+      stride = grid_x / kClusterCtas;
     } else {
-      unit = (static_cast<int>(blockIdx.z) * heads + static_cast<int>(blockIdx.y)) * m_groups + cluster;
+      unit = (block_z * heads + block_y) * m_groups + cluster;
       stride = units;  // one unit
     }
   }
 
-  __device__ __forceinline__ bool valid() const { return unit < units; }
-  __device__ __forceinline__ void next() { unit += stride; }
+  __host__ __device__ __forceinline__ bool valid() const { return unit < units; }
+  __host__ __device__ __forceinline__ void next() { unit += stride; }
 
-  __device__ __forceinline__ int m_block(int rank) const {
+  __host__ __device__ __forceinline__ int m_block(int rank) const {
     return (m_groups - 1 - unit % m_groups) * kClusterCtas + rank;
   }
-  __device__ __forceinline__ int head() const { return (unit / m_groups) % heads; }
-  __device__ __forceinline__ int batch() const { return unit / m_groups / heads; }
+  __host__ __device__ __forceinline__ int head() const { return (unit / m_groups) % heads; }
+  __host__ __device__ __forceinline__ int batch() const { return unit / m_groups / heads; }
 };
 
 }  // namespace ft_sm90

@@ -1,0 +1,82 @@
+// Host-side exhaustive check of the sm90 work distribution: kernel_src/sm90/tile_scheduler.cuh
+// and block_info.cuh compiled for the CPU with the config's FT_* macros, run over every CTA of
+// the grid that the space file computes (passed in by tests/test_kernel_schedule.py).
+//
+// usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV
+// Prints "ok <units visited>" and exits 0, or prints the first violation and exits 1.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "sm90/block_info.cuh"
+#include "sm90/tile_scheduler.cuh"
+
+using namespace ft_sm90;
+
+static int fail(const char* what, int a, int b, int c, int d) {
+  std::printf("FAIL %s (%d %d %d %d)\n", what, a, b, c, d);
+  return 1;
+}
+
+static bool sees(int row, int key, const BlockInfo& blk) {
+  return key < blk.seqlen_k && (!kIsCausal || key <= row + blk.causal_offset);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 9) return fail("usage", argc, 0, 0, 0);
+  const int gx = std::atoi(argv[1]), gy = std::atoi(argv[2]), gz = std::atoi(argv[3]);
+  const int batch = std::atoi(argv[4]), sq = std::atoi(argv[5]), sk = std::atoi(argv[6]);
+  const int hq = std::atoi(argv[7]), hkv = std::atoi(argv[8]);
+  if (gx % kClusterCtas) return fail("grid x is not a multiple of the cluster size", gx, kClusterCtas, 0, 0);
+  const int m_blocks = (sq + kBlockM - 1) / kBlockM;
+  const int m_padded = (m_blocks + kClusterCtas - 1) / kClusterCtas * kClusterCtas;  // a cluster's odd last block
+  std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
+  long units = 0;
+  for (int bz = 0; bz < gz; ++bz)
+    for (int by = 0; by < gy; ++by)
+      for (int bx = 0; bx < gx; bx += kClusterCtas) {
+        // the CTAs of one cluster walk their units in lockstep
+        TileScheduler s0(batch, sq, hq, bx, by, bz, gx);
+        for (; s0.valid(); s0.next()) {
+          int n_max = -1;
+          for (int rank = 0; rank < kClusterCtas; ++rank) {
+            TileScheduler s = s0;
+            const int m = s.m_block(rank), h = s.head(), b = s.batch();
+            if (m < 0 || m >= m_padded || h < 0 || h >= hq || b < 0 || b >= batch)
+              return fail("unit out of range", m, h, b, rank);
+            ++visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
+            ++units;
+            const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
+            if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
+            if (n_max >= 0 && blk.n_block_max != n_max) return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
+            n_max = blk.n_block_max;
+            if (blk.n_block_max * kBlockN >= sk + kBlockN) return fail("key block past seqlen_k", m, blk.n_block_max, sk, 0);
+            for (int wg = 0; wg < kConsumerWgs; ++wg) {
+              const int first = blk.m0() + wg * kWgRows;
+              const int visible = blk.n_block_visible(first, kWgRows);
+              if (visible < 0 || visible > blk.n_block_max) return fail("visible blocks out of range", m, wg, visible, blk.n_block_max);
+              for (int row = first; row < first + kWgRows && row < sq; ++row)
+                for (int key = 0; key < sk; ++key) {
+                  if (!sees(row, key, blk)) continue;
+                  const int n = key / kBlockN;
+                  if (n >= visible) return fail("a visible key's block is skipped", row, key, n, visible);
+                }
+              for (int n = 0; n < blk.n_block_max; ++n) {
+                if (blk.needs_mask(n, first)) continue;
+                for (int row = first; row < first + kWgRows; ++row)  // rows past seqlen_q too: they must stay finite
+                  for (int key = n * kBlockN; key < (n + 1) * kBlockN; ++key)
+                    if (!sees(row, key, blk)) return fail("an unmasked block holds a masked key", row, key, n, first);
+              }
+            }
+          }
+        }
+      }
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < hq; ++h)
+      for (int m = 0; m < m_padded; ++m) {
+        const int v = visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
+        if (v != 1) return fail("query block not visited exactly once", b, h, m, v);
+      }
+  std::printf("ok %ld\n", units);
+  return 0;
+}
