@@ -26,6 +26,8 @@ SM90_REPRESENTATIVE = {
     "pv_split_pingpong_persistent": {"intra_wg_overlap": 0, "pv_split": 32, "pingpong": 1, "persistent": 1,
                                      "block_n": 112},
     "pingpong": {"pingpong": 1},
+    "poly_exp": {"poly_exp": 2},
+    "poly_exp_serial_pv_split": {"poly_exp": 4, "intra_wg_overlap": 0, "pv_split": 64},
     "pingpong_persistent": {"pingpong": 1, "persistent": 1},
     "three_wgs_pingpong_persistent": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64,
                                       "pingpong": 1, "persistent": 1},

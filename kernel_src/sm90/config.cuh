@@ -50,6 +50,9 @@
 #ifndef FT_CTA_MODE
 #define FT_CTA_MODE 1  // 1: CTAs alone; 2: clusters of 2 CTAs along M sharing K/V by TMA multicast
 #endif
+#ifndef FT_POLY_EXP
+#define FT_POLY_EXP 0  // of every 8 exponentials of the softmax, this many on the FMA pipe (0 = all MUFU)
+#endif
 #ifndef FT_PERSISTENT
 #define FT_PERSISTENT 0  // 1: one CTA (cluster) per SM loops over the query blocks
 #endif
@@ -83,6 +86,7 @@ constexpr bool kPingPong = FT_PINGPONG != 0;
 constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr int kClusterCtas = FT_CTA_MODE;
 constexpr bool kPersistent = FT_PERSISTENT != 0;
+constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
 constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
@@ -117,6 +121,7 @@ static_assert(kPvSplit % 16 == 0 && kPvSplit >= 0 && kPvSplit < kBlockN,
 static_assert(kPvSplit == 0 || !kIntraWgOverlap,
               "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
+static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
 static_assert(kSmemBytes <= kSmemOptin, "shared memory over the opt-in limit");
 

@@ -5,7 +5,7 @@
 // thread owns two rows (h = 0, 1) and a row is spread over the 4 threads of a quad.
 //
 // The row max is kept in scaled log2 units (max * softmax_scale * log2 e) so that one FFMA
-// feeds exp2. Lazy rescale: a new max is adopted only when it exceeds the kept one by more
+// feeds exp2 (MUFU.EX2, or for kPolyExp of every 8 values a polynomial on the FMA pipe). Lazy rescale: a new max is adopted only when it exceeds the kept one by more
 // than kRescaleSlack (P <= 2^slack meanwhile), and the O rescale is skipped when no row of
 // the warp needs it (warp-uniform branch).
 #pragma once
@@ -64,7 +64,8 @@ struct OnlineSoftmax {
     for (int h = 0; h < 2; ++h) neg_max[h] = row_max[h] == -INFINITY ? 0.f : -row_max[h];
 #pragma unroll
     for (int i = kBegin; i < kEnd; ++i) {
-      s[i] = ptx::exp2_approx(fmaf(s[i], scale_log2, neg_max[acc_row_half(i)]));
+      const float x = fmaf(s[i], scale_log2, neg_max[acc_row_half(i)]);
+      s[i] = i % 8 < kPolyExp ? ptx::exp2_poly(x) : ptx::exp2_approx(x);  // resolved at compile time
       row_sum[acc_row_half(i)] += s[i];
     }
   }

@@ -34,6 +34,7 @@ __device__ __forceinline__ bool elect_one() {
 
 // Fast exp2 and 16-bit packing: shared with the other families.
 using ::ft_common::exp2_approx;
+using ::ft_common::exp2_poly;
 using ::ft_common::pack2;
 
 }  // namespace ft_sm90::ptx
