@@ -273,6 +273,10 @@ MALFORMED = {
     "launch_uses_unknown_name": (lambda t: _replace(t, 'threads = "num_warps * 32"', 'threads = "warps * 32"'),
                                  ["[launch]", "warps"]),
     "launch_grid_of_two": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q"]'), ["[launch]", "grid"]),
+    "launch_abi_uses_unknown_name": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_q" }'),
+                                     ["[launch.abi] rows", "block_q"]),
+    "launch_abi_not_a_table": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = 3'),
+                               ["[launch]", "abi must be a table"]),
     "invalid_toml": (lambda t: t + "\n[knobs.x\n", ["TOML"]),
     "name_not_stem": (lambda t: _replace(t, 'name = "toy"', 'name = "toy2"'), ["toy2", "toy"]),
     "source_missing": (lambda t: re.sub(r'source = "[^"]+"', 'source = "nope/flash_fwd.cu"', t, count=1),
@@ -395,6 +399,27 @@ def test_launch(toy_space, sm80):
     assert g.grid == (8, 5, 3)
     assert g.threads == 256
     assert g.smem_bytes == (128 + 64) * 64 * 2
+    assert g.abi == {}
+
+
+def test_launch_abi_values_for_the_argument_builder(tmp_path, sm80):
+    text = toy_space_text().replace('"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_n // 2", one = "1" }')
+    space = load_space(_write(tmp_path, text))
+    g = space.launch({"block_m": 128, "block_n": 32, "stages": 1, "flag": 0}, Problem(batch=1, seqlen_q=9, heads_q=1,
+                                                                                     head_dim=64), sm80)
+    assert g.abi == {"rows": 16, "one": 1}
+
+
+def test_no_python_module_spells_a_knob_name_or_macro():
+    """One source of truth: knobs are named in their space file (and read by config.cuh) only."""
+    import pathlib
+
+    import tuner
+
+    names = {n for family in ("sm80", "sm90") for k in load_space(family).knobs for n in (k.name, k.macro)}
+    found = [(str(p), n) for p in pathlib.Path(tuner.__file__).parent.rglob("*.py") for n in names
+             if re.search(r"[\"']%s[\"']" % re.escape(n), p.read_text())]
+    assert not found
 
 
 def test_arch_string(toy_space, tmp_path):

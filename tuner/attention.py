@@ -228,7 +228,8 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
             stream = cupy.cuda.get_current_stream()
         geometry = space.launch(chosen, problem, device)
         kernel = Kernel(_function(space, chosen, problem, device, device_id), abi=space.family.abi,
-                        grid=geometry.grid, threads=geometry.threads, smem_bytes=geometry.smem_bytes, config=chosen)
+                        grid=geometry.grid, threads=geometry.threads, smem_bytes=geometry.smem_bytes, config=chosen,
+                        abi_params=geometry.abi)
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(problem.head_dim)
         kernel.launch(kernel.args(qc, kc, vc, oc, lsec, scale), stream=stream)
     return (o, lse) if return_lse else o

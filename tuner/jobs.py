@@ -41,6 +41,7 @@ class MeasureJob:
     smem_bytes: int
     problem: Problem
     config: dict[str, int]
+    abi_params: dict[str, int] = field(default_factory=dict)  # the space's [launch.abi] values
     settings: MeasureSettings = field(default_factory=MeasureSettings)
     tag: str = ""
 

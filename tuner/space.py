@@ -98,6 +98,7 @@ class LaunchGeometry:
     grid: tuple[int, int, int]
     threads: int
     smem_bytes: int
+    abi: dict[str, int] = field(default_factory=dict)  # values the family's argument builder reads ([launch.abi])
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class Space:
     launch_smem_bytes: Expr
     launch_grid: tuple[Expr, Expr, Expr]
     path: Path
+    launch_abi: tuple[tuple[str, Expr], ...] = ()
     _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +208,7 @@ class Space:
             grid=grid,  # type: ignore[arg-type]
             threads=int(self.launch_threads(env)),
             smem_bytes=int(self.launch_smem_bytes(env)),
+            abi={name: int(expr(env)) for name, expr in self.launch_abi},
         )
 
     def arch_string(self, arch: int) -> str:
@@ -340,16 +343,24 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
 
     launch = _table(data, "launch", where)
     kw = f"{where} [launch]"
-    _keys(launch, kw, {"threads", "smem_bytes", "grid"})
+    _keys(launch, kw, {"threads", "smem_bytes", "grid"}, {"abi"})
     if not isinstance(launch["grid"], list) or len(launch["grid"]) != 3:
         raise SpaceError(f"{kw}: grid must be a list of three expressions")
     grid = tuple(_expr(str(g), kw, known) for g in launch["grid"])
+    abi = launch.get("abi", {})
+    if not isinstance(abi, dict):
+        raise SpaceError(f"{kw}: abi must be a table of name = expression")
+    for name in abi:
+        if not _NAME.match(name):
+            raise SpaceError(f"{where} [launch.abi]: {name!r} must be lower_snake_case")
+    launch_abi = tuple((name, _expr(str(e), f"{where} [launch.abi] {name}", known)) for name, e in abi.items())
     return Space(
         family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
         launch_threads=_expr(str(launch["threads"]), kw, known),
         launch_smem_bytes=_expr(str(launch["smem_bytes"]), kw, known),
         launch_grid=grid,  # type: ignore[arg-type]
         path=path,
+        launch_abi=launch_abi,
     )
 
 

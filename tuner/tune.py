@@ -93,7 +93,7 @@ def measure_job_for(space: Space, config: Config, problem: Problem, device: Devi
     geometry = space.launch(config, problem, device)
     return MeasureJob(cubin_path=kernel.cubin_path, entry=kernel.entry, abi=space.family.abi, grid=geometry.grid,
                       threads=geometry.threads, smem_bytes=geometry.smem_bytes, problem=problem, config=dict(config),
-                      settings=settings, tag=tag)
+                      abi_params=dict(geometry.abi), settings=settings, tag=tag)
 
 
 @dataclass

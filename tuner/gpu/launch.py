@@ -13,7 +13,7 @@ __all__ = ["Kernel", "load_kernel", "ABIS"]
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
-def _flat_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, int]) -> tuple:
+def _flat_args(q, k, v, o, lse, *, softmax_scale: float, params: Mapping[str, int]) -> tuple:
     """Arguments of ABI ``flat`` (kernel_src/README.md): pointers, sizes, element strides, scale."""
     batch, seqlen_q, heads_q, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
@@ -25,10 +25,10 @@ def _flat_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, in
     return tuple(args)
 
 
-def _sm90_tma_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, int]) -> tuple:
+def _sm90_tma_args(q, k, v, o, lse, *, softmax_scale: float, params: Mapping[str, int]) -> tuple:
     from .tma import build_args  # the Hopper family's tensor maps
 
-    return build_args(q, k, v, o, lse, softmax_scale=softmax_scale, config=config)
+    return build_args(q, k, v, o, lse, softmax_scale=softmax_scale, params=params)
 
 
 #: ABI name (a space file's ``[family] abi``) -> argument builder
@@ -39,18 +39,19 @@ class Kernel:
     """One loaded kernel with its launch geometry."""
 
     def __init__(self, function, *, abi: str, grid: tuple[int, int, int], threads: int, smem_bytes: int,
-                 config: Mapping[str, int]) -> None:
+                 config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> None:
         if abi not in ABIS:
             raise ValueError(f"unknown kernel ABI {abi!r}; known: {', '.join(ABIS)}")
         self.function = function
         self.build_args = ABIS[abi]
         self.grid, self.threads, self.smem_bytes = grid, threads, smem_bytes
         self.config = dict(config)
+        self.abi_params = dict(abi_params or {})  # the space's [launch.abi] values for this config and shape
         if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
             cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
 
     def args(self, q, k, v, o, lse, softmax_scale: float) -> tuple:
-        return self.build_args(q, k, v, o, lse, softmax_scale=softmax_scale, config=self.config)
+        return self.build_args(q, k, v, o, lse, softmax_scale=softmax_scale, params=self.abi_params)
 
     def launch(self, args: tuple, stream=None) -> None:
         self.function(self.grid, (self.threads, 1, 1), args, shared_mem=self.smem_bytes, stream=stream)
@@ -64,6 +65,6 @@ def _module(cubin_path: str):
 
 
 def load_kernel(cubin_path: str, entry: str, *, abi: str, grid: tuple[int, int, int], threads: int,
-                smem_bytes: int, config: Mapping[str, int]) -> Kernel:
+                smem_bytes: int, config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> Kernel:
     return Kernel(_module(cubin_path).get_function(entry), abi=abi, grid=tuple(grid), threads=threads,
-                  smem_bytes=smem_bytes, config=config)
+                  smem_bytes=smem_bytes, config=config, abi_params=abi_params)

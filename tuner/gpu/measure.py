@@ -51,7 +51,7 @@ def run_job(job: MeasureJob) -> MeasureResult:
     _jobs_run += 1
     p = job.problem
     kernel = load_kernel(job.cubin_path, job.entry, abi=job.abi, grid=job.grid, threads=job.threads,
-                         smem_bytes=job.smem_bytes, config=job.config)
+                         smem_bytes=job.smem_bytes, config=job.config, abi_params=job.abi_params)
     seed = job.settings.seed * 1_000_003 + _jobs_run * 7919 + int(time.time_ns() % 1_000_000)
     q, k, v = random_inputs(p, seed, scale=job.settings.input_scale)
     o = cupy.empty(q.shape, dtype=storage_dtype(p.dtype))

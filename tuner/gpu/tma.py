@@ -25,18 +25,20 @@ __all__ = ["build_args", "box_rows", "TMA_DESC_DTYPE"]
 TMA_DESC_DTYPE = np.dtype({"names": ["opaque"], "formats": [(np.uint64, 16)], "aligned": True})
 
 _BOX_COLS = 64  # 16-bit elements in one 128-byte swizzle row
-_WG_ROWS = 64  # query rows per consumer warpgroup (wgmma M)
 
 
 class TmaError(RuntimeError):
     """A tensor cannot be described by a tensor map, or the driver refused the encoding."""
 
 
-def box_rows(config: Mapping[str, int]) -> dict[str, int]:
-    """Rows of the TMA box of each tensor for a config (knob names of search_spaces/sm90.toml)."""
-    block_m = _WG_ROWS * int(config["consumer_wgs"])
-    kv_rows = int(config["block_n"]) // int(config.get("cta_mode", 1))  # each CTA of a cluster loads its share
-    return {"q": block_m, "k": kv_rows, "v": kv_rows, "o": _WG_ROWS}
+def box_rows(params: Mapping[str, int]) -> dict[str, int]:
+    """Rows of the TMA box of each tensor: the [launch.abi] values of search_spaces/sm90.toml."""
+    try:
+        return {"q": int(params["q_box_rows"]), "k": int(params["kv_box_rows"]), "v": int(params["kv_box_rows"]),
+                "o": int(params["o_box_rows"])}
+    except KeyError as e:
+        raise TmaError(f"the space's [launch.abi] gives no {e.args[0]}; the sm90_tma ABI needs q_box_rows, "
+                       "kv_box_rows and o_box_rows") from None
 
 
 def _encode(tensor, rows_box: int):
@@ -93,7 +95,7 @@ def _as_struct(tmap) -> np.void:
     return out[()]  # a np.void scalar: CuPy copies its 128 bytes into the parameter buffer
 
 
-def build_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, int]) -> tuple:
+def build_args(q, k, v, o, lse, *, softmax_scale: float, params: Mapping[str, int]) -> tuple:
     """Kernel arguments for one launch. q/o: [batch, seqlen_q, heads_q, D]; k/v: [batch, seqlen_k, heads_kv, D];
     lse: fp32 [batch, heads_q, seqlen_q], contiguous."""
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -104,7 +106,7 @@ def build_args(q, k, v, o, lse, *, softmax_scale: float, config: Mapping[str, in
         raise TmaError(f"heads_kv {heads_kv} must divide heads_q {heads_q}")
     if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != np.float32 or not lse.flags.c_contiguous:
         raise TmaError(f"lse must be contiguous fp32 {(batch, heads_q, seqlen_q)}, got {lse.dtype} {lse.shape}")
-    rows = box_rows(config)
+    rows = box_rows(params)
     return (
         _encode(q, rows["q"]),
         _encode(k, rows["k"]),
