@@ -22,6 +22,7 @@ constexpr int kSRegs = kBlockN / 2;    // S accumulator values per consumer thre
 constexpr int kORegs = kHeadDim / 2;   // O accumulator values per consumer thread
 constexpr int kPvSteps = kBlockN / 16; // k-steps of O += P V
 constexpr int kQkSteps = kHeadDim / 16;
+constexpr int kPvFirstSteps = kPvSplit > 0 ? kPvSplit / 16 : kPvSteps;  // k-steps of O += P V issued first
 
 // ---- producer: one elected thread ---------------------------------------------------------
 // K or V tile of key block n into ring stage `stage`: alone, the whole tile; in a 2-CTA
@@ -189,18 +190,31 @@ struct Consumer {
     if (last) release_q();
   }
 
-  // O += P V for the key block in stage `st`, waited for; the V stage is released.
-  __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st) const {
+  // O += P V for the key block in stage `st`, waited for; the V stage is released. P's first
+  // kPvFirstSteps k-steps are issued, then `finish_p` exponentiates and converts the rest of the
+  // tile (kPvSplit) while they run, then the rest is issued.
+  template <class FinishP>
+  __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st,
+                                          FinishP&& finish_p) const {
     smem.v_ring.consumer_wait(st);
     begin_gemm_turn();
     ptx::wgmma_fence();
-    issue_pv(o, p, st);
+    issue_pv<0, kPvFirstSteps>(o, p, st);
+    if constexpr (kPvFirstSteps < kPvSteps) {
+      ptx::wgmma_commit();
+      finish_p();
+      ptx::wgmma_fence();  // the second part's P registers were written after the first fence
+      issue_pv<kPvFirstSteps, kPvSteps>(o, p, st);
+    }
     ptx::wgmma_commit();
     end_gemm_turn();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(p);
     release(smem.v_ring, st);
+  }
+  __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st) const {
+    pv_gemm(o, p, st, [] {});
   }
 
   // Per key block: S = Q K^T, wait, softmax, O += P V, wait. With kPvSplit, the first
@@ -215,30 +229,12 @@ struct Consumer {
       float o_scale[2];
       if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
       uint32_t p[kPvSteps][4];
-      if constexpr (kPvSplit > 0) {
-        constexpr int kSplitSteps = kPvSplit / 16;  // k-steps (and 8 accumulator values each) of the first part
-        softmax.template exponentiate<0, 8 * kSplitSteps>(s);
-        convert_p<kSRegs, 0, kSplitSteps>(s, p);
-        smem.v_ring.consumer_wait(st);
-        begin_gemm_turn();
-        ptx::wgmma_fence();
-        issue_pv<0, kSplitSteps>(o, p, st);
-        ptx::wgmma_commit();
-        softmax.template exponentiate<8 * kSplitSteps, kSRegs>(s);
-        convert_p<kSRegs, kSplitSteps, kPvSteps>(s, p);
-        ptx::wgmma_fence();  // the second part's P registers were written after the first fence
-        issue_pv<kSplitSteps, kPvSteps>(o, p, st);
-        ptx::wgmma_commit();
-        end_gemm_turn();
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(o);
-        ptx::fence_operands(p);
-        release(smem.v_ring, st);
-      } else {
-        softmax.exponentiate(s);
-        convert_p(s, p);
-        pv_gemm(o, p, st);
-      }
+      softmax.template exponentiate<0, 8 * kPvFirstSteps>(s);  // 8 accumulator values per k-step
+      convert_p<kSRegs, 0, kPvFirstSteps>(s, p);
+      pv_gemm(o, p, st, [&] {
+        softmax.template exponentiate<8 * kPvFirstSteps, kSRegs>(s);
+        convert_p<kSRegs, kPvFirstSteps, kPvSteps>(s, p);
+      });
       st.advance();
     }
   }
