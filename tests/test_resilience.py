@@ -97,10 +97,13 @@ def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp
 
 
 def test_database_briefly_unreachable_the_worker_retries_and_finishes(postgres, tmp_path):
-    log = tmp_path / "measured.log"
-    proc = _start(postgres.url, "outage", 30, log, sleep_s=0.1)
+    log, gate = tmp_path / "measured.log", tmp_path / "gate"
+    proc = _start(postgres.url, "outage", 30, log, sleep_s=0.1, env={"FLASHTUNE_STANDIN_GATE": str(gate)})
     _wait_for(lambda: len(_measured_counts(log)) >= 3, 120, "3 measured trials")
+    gate.touch()  # hold the tuner inside its next measurement, with that trial still to store
+    _wait_for(lambda: Path(f"{gate}.waiting").exists(), 60, "the tuner to wait inside a measurement")
     postgres.stop()
+    gate.unlink()  # the store that follows meets the outage
     time.sleep(2.5)
     postgres.start()
     out, err = proc.communicate(timeout=300)

@@ -5,6 +5,10 @@
 It creates or resumes STUDY (sm80 space, a fixed problem) and runs ``tuner.tune.tune`` with
 a compiler that returns a dummy kernel and a measurement that sleeps SLEEP_S and appends
 the trial's number to MEASURE_LOG (so tests can count how often each trial was measured).
+
+With ``FLASHTUNE_STANDIN_GATE=PATH`` in the environment, a measurement waits while PATH exists,
+and while it waits PATH + ".waiting" exists: a test can hold the tuner inside a measurement
+(with a trial to store next) and do something to the storage at that exact point.
 """
 
 from __future__ import annotations
@@ -56,8 +60,16 @@ def main(argv: list[str]) -> int:
     else:
         raise SystemExit("could not open the study")
 
+    gate = os.environ.get("FLASHTUNE_STANDIN_GATE")
+
     def measure(job):
         time.sleep(sleep_s)
+        if gate and os.path.exists(gate):
+            waiting = gate + ".waiting"
+            open(waiting, "w").close()
+            while os.path.exists(gate):
+                time.sleep(0.02)
+            os.remove(waiting)
         with open(log_path, "a") as f:
             f.write(f"{job.tag}\n")
         return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config))
