@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import random
 import shutil
 
 import pytest
 
 from tests.conftest import require_family
+from tuner import check
 from tuner.check import CheckReport, CheckRow, all_configs, check_space
+from tuner.errors import UsageError
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem, ProblemError
 from tuner.ptxas import Resources
@@ -37,6 +40,48 @@ def test_check_sm80_with_two_samples():
     assert len(report.rows) == len(infeasible) + 2
     text = out.getvalue()
     assert "check passed" in text and "(default)" in text and "compiling 2" in text
+
+
+@nvcc
+def test_check_of_a_space_too_large_to_enumerate_draws_random_points():
+    """sm90 has ~22 million grid points: the static check draws, the default and a sample compile."""
+    require_family("sm90")
+    space = load_space("sm90")
+    assert space.size() > check.EXHAUSTIVE_LIMIT
+    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=256, dtype="bf16", causal=True)
+    out = io.StringIO()
+    report = check_space("sm90", problem, limits_for_arch(90), samples=2, jobs=2, out=out)
+    assert report.ok, out.getvalue()
+    assert report.default.config == space.defaults(256) and report.default.status == "ok"
+    infeasible = [r for r in report.rows if r.status == "infeasible"]
+    assert len(infeasible) > check.DRAWS // 2  # most of the grid does not fit at d256
+    assert len({tuple(r.config.values()) for r in report.rows}) == len(report.rows)
+    assert sum(r.status == "ok" for r in report.rows) == 2
+    feasible = check.DRAWS + 1 - len(infeasible)  # the default and DRAWS other distinct points were checked
+    assert f"{feasible} of {check.DRAWS + 1:,} random points statically feasible" in out.getvalue()
+    assert "check passed" in out.getvalue()
+
+
+def test_every_feasible_config_of_a_huge_space_is_refused_with_what_to_do():
+    require_family("sm90")
+    with pytest.raises(UsageError, match="too many.*--samples N"):
+        check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=0)
+    with pytest.raises(UsageError, match="--samples must be"):
+        check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=-1)
+
+
+def test_static_candidates_enumerate_a_small_space_and_draw_from_a_large_one(toy_space, monkeypatch):
+    default = toy_space.defaults()
+    configs, exhaustive = check.static_candidates(toy_space, default, random.Random(0))
+    assert exhaustive and configs == all_configs(toy_space)
+    monkeypatch.setattr(check, "EXHAUSTIVE_LIMIT", 10)
+    monkeypatch.setattr(check, "DRAWS", 20)
+    configs, exhaustive = check.static_candidates(toy_space, default, random.Random(0))
+    assert not exhaustive and configs[0] == default and len(configs) == 21
+    assert len({tuple(c.values()) for c in configs}) == 21 and all(toy_space.validate(c) == c for c in configs)
+    monkeypatch.setattr(check, "DRAWS", 1000)  # more than the 54 points there are: every one, once
+    configs, _ = check.static_candidates(toy_space, default, random.Random(0))
+    assert sorted(tuple(c.values()) for c in configs) == sorted(tuple(c.values()) for c in all_configs(toy_space))
 
 
 def test_unsupported_problem_is_refused_before_compiling():

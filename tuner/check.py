@@ -1,4 +1,9 @@
-"""`flashtune check`: sweep a space without a GPU — static feasibility, then nvcc and ptxas for each config."""
+"""`flashtune check`: sweep a space without a GPU — static feasibility, then nvcc and ptxas for each config.
+
+A space of up to ``EXHAUSTIVE_LIMIT`` grid points is checked point by point. A larger one (the
+sm90 grid has about 22 million) is checked on ``DRAWS`` distinct random points, which also
+estimate its feasible share; the configs compiled are then a sample of the feasible ones drawn.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,17 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from .devices import DeviceLimits
+from .errors import UsageError
 from .problem import Problem, ProblemError
 from .ptxas import Resources
 from .space import Config, Space, load_space
 from .tune import compile_outcome
 
-__all__ = ["CheckReport", "CheckRow", "check_space", "all_configs"]
+__all__ = ["CheckReport", "CheckRow", "check_space", "all_configs", "static_candidates"]
+
+EXHAUSTIVE_LIMIT = 200_000  # grid points checked one by one (a few seconds); above, random draws
+DRAWS = 20_000              # distinct random points statically checked in a larger space
+AUTO_SAMPLES = 32           # configs compiled from a larger space unless --samples says otherwise
 
 
 @dataclass
@@ -56,16 +66,42 @@ def all_configs(space: Space) -> list[Config]:
     return [dict(zip(names, values)) for values in itertools.product(*(k.values for k in space.knobs))]
 
 
-def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples: int = 0, jobs: int = 1,
+def static_candidates(space: Space, default: Config, rng: random.Random) -> tuple[list[Config], bool]:
+    """The configs to check statically: the whole grid of a small space (True), or the default and
+    ``DRAWS`` distinct random points of a larger one (False)."""
+    if space.size() <= EXHAUSTIVE_LIMIT:
+        return all_configs(space), True
+    drawn = {tuple(default.values()): default}
+    for _ in range(20 * DRAWS):
+        if len(drawn) > DRAWS:
+            break
+        config = {k.name: rng.choice(k.values) for k in space.knobs}
+        drawn.setdefault(tuple(config.values()), config)
+    return list(drawn.values()), False
+
+
+def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples: int | None = None, jobs: int = 1,
                 seed: int = 0, out: TextIO | None = None) -> CheckReport:
+    """Check ``family`` for ``problem`` on ``device``'s arch; compile ``samples`` feasible configs and
+    the default (None: every feasible config of a small space, ``AUTO_SAMPLES`` of a larger one;
+    0: every feasible config, refused for a space too large to enumerate)."""
     space = load_space(family)
     report = CheckReport(space)
     unsupported = space.supports(problem)
     if unsupported:
         raise ProblemError(unsupported)
-    default = space.defaults()
+    if samples is not None and samples < 0:
+        raise UsageError(f"--samples must be 0 (every feasible config) or more, not {samples}")
+    rng = random.Random(seed)
+    default = space.defaults(problem.head_dim)
+    candidates, exhaustive = static_candidates(space, default, rng)
+    if samples == 0 and not exhaustive:
+        raise UsageError(f"{space.name} has {space.size():,} grid points, too many to compile every feasible one; "
+                         f"pass --samples N to compile N of them (sampled from {DRAWS:,} random points)")
+    if samples is None:
+        samples = 0 if exhaustive else AUTO_SAMPLES
     feasible: list[Config] = []
-    for config in all_configs(space):
+    for config in candidates:
         reason = space.check(config, problem, device)
         if reason:
             report.rows.append(CheckRow(config, "infeasible", reason, is_default=config == default))
@@ -74,11 +110,14 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
     chosen = feasible
     if samples and len(feasible) > samples:
         others = [c for c in feasible if c != default]
-        chosen = random.Random(seed).sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
+        chosen = rng.sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
     if out:
+        share = (f"{len(feasible)} statically feasible" if exhaustive else
+                 f"{len(feasible)} of {len(candidates):,} random points statically feasible "
+                 f"(~{len(feasible) / len(candidates):.1%} of the grid)")
         print(f"{space.name} on sm_{device.arch} for {problem.dtype} d{problem.head_dim} "
-              f"{'causal' if problem.causal else 'non-causal'}: {space.size()} configs, {len(feasible)} statically "
-              f"feasible, compiling {len(chosen)} with {jobs} processes", file=out, flush=True)
+              f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
+              f"compiling {len(chosen)} with {jobs} processes", file=out, flush=True)
     with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
         for i, future in enumerate(cf.as_completed(futures), 1):
