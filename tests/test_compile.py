@@ -44,7 +44,7 @@ def _default_builds():
 def test_default_config_compiles_without_spills(space_path, arch):
     space = load_space(space_path)
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=max(space.family.head_dims))
-    kernel = compile_config(space, space.defaults(), problem, limits_for_arch(arch))
+    kernel = compile_config(space, space.defaults(problem.head_dim), problem, limits_for_arch(arch))
     assert Path(kernel.cubin_path).is_file() and Path(kernel.cubin_path).stat().st_size > 0
     assert kernel.arch == space.arch_string(arch)
     assert kernel.entry == space.family.entry

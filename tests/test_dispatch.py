@@ -106,16 +106,19 @@ def translation_unit(families) -> tuple[str, list[dict[str, int]]]:
                   + ", ".join(f"e.config.{k}" for k in knobs) + ">;", "};"]
         lines += [f"template struct Instantiate{n}<{i}>;" for i in range(len(fam.entries))]
         lines.append(f"static_assert({ns}::kNumEntries == {len(fam.entries)}, \"entry count\");")
-        default = fam.space.defaults()
         statics = {(e.dtype, e.head_dim, e.causal) for e in fam.entries}
-        statics |= {("bf16", 64, True), ("fp16", 64, False)}  # head dim 64 is never covered: the default
+        # only head dim 128 is covered: the others fall back to their head dim's default
+        statics |= {(d, h, c) for h in fam.space.family.head_dims if h != 128 for d, c in (("bf16", True), ("fp16", False))}
         for dtype, head_dim, causal in sorted(statics):
             for seqlen in (1, 511, 512, 513, 2048, 4096, 4097, 1 << 20):
                 queries.append(f"  {{ auto c = {ns}::select(DType::{dtype}, {head_dim}, {str(causal).lower()}, "
                                f"{seqlen}); std::printf(\"" + " ".join(["%d"] * len(knobs)) + "\\n\", "
                                + ", ".join(f"c.{k}" for k in knobs) + "); }")
-                expected.append(expected_select(fam.entries, default, dtype, head_dim, causal, seqlen))
-        lines.append(f"static_assert({ns}::select(DType::fp16, 64, false, 1000) == {ns}::kDefault, \"fallback\");")
+                expected.append(expected_select(fam.entries, fam.space.defaults(head_dim), dtype, head_dim, causal,
+                                                seqlen))
+        lines.append(f"static_assert({ns}::select(DType::fp16, 64, false, 1000) == {ns}::default_config(64), "
+                     '"fallback");')
+        lines.append(f"static_assert({ns}::default_config(1000) == {ns}::kDefault, \"the plain default\");")
     lines += ["", "int main() {", *queries, "  return 0;", "}", ""]
     return "\n".join(lines), expected
 

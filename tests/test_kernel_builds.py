@@ -35,8 +35,18 @@ SM90_REPRESENTATIVE = {
                           "cta_mode": 2, "persistent": 1},
     "one_wg": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176, "kv_stages": 2},
 }
-#: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py)
-REPRESENTATIVE = {"sm90": SM90_REPRESENTATIVE}
+# sm90 at head dim 256 (its default has block_n 80): the code paths that still fit beside a 64 KB Q tile
+SM90_D256_REPRESENTATIVE = {
+    "d256_default": {},
+    "d256_block_n_64_pingpong": {"block_n": 64, "pingpong": 1},
+    "d256_serial_pv_split": {"intra_wg_overlap": 0, "pv_split": 32},
+    "d256_cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "d256_one_wg_persistent": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 64,
+                               "persistent": 1},
+}
+#: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
+#: at every head dim where they are feasible (missing knobs: that head dim's defaults)
+REPRESENTATIVE = {"sm90": {**SM90_REPRESENTATIVE, **SM90_D256_REPRESENTATIVE}}
 
 
 def _problem(head_dim: int, dtype: str, causal: bool) -> Problem:
@@ -53,6 +63,18 @@ def test_sm90_representative_configs_build_without_spills(name, head_dim, dtype,
     assert space.check(config, problem, device) is None
     kernel = compile_config(space, config, problem, device)
     assert kernel.arch == "90a"
+    assert not kernel.resources.spills, (name, kernel.resources)
+
+
+@pytest.mark.parametrize("name", list(SM90_D256_REPRESENTATIVE))
+@pytest.mark.parametrize(("dtype", "causal"), [("fp16", False), ("bf16", True)])
+def test_sm90_head_dim_256_configs_build_without_spills(name, dtype, causal):
+    space = load_space("sm90")
+    device = limits_for_arch(90)
+    config = space.validate(SM90_D256_REPRESENTATIVE[name], partial=True, head_dim=256)
+    problem = _problem(256, dtype, causal)
+    assert space.check(config, problem, device) is None
+    kernel = compile_config(space, config, problem, device)
     assert not kernel.resources.spills, (name, kernel.resources)
 
 

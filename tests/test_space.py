@@ -55,7 +55,7 @@ def test_default_is_statically_feasible_everywhere_it_must_run(space):
     for arch in archs:
         device = limits_for_arch(arch)
         for problem in _problems(space):
-            reason = space.check(space.defaults(), problem, device)
+            reason = space.check(space.defaults(problem.head_dim), problem, device)
             if reason:
                 failures.append(f"sm_{arch} {problem.slug()}: {reason}")
     assert not failures, "\n".join(failures)
@@ -81,13 +81,13 @@ def test_unsupported_head_dim_and_dtype_are_reported(space):
 def test_macros_hold_problem_knob_and_derived_values(space):
     device = limits_for_arch(supported_archs(space)[0])
     for problem in _problems(space):
-        macros = space.macros(space.defaults(), problem, device)
+        macros = space.macros(space.defaults(problem.head_dim), problem, device)
         assert macros["FT_HEAD_DIM"] == problem.head_dim
         assert macros["FT_IS_BF16"] == int(problem.dtype == "bf16")
         assert macros["FT_IS_CAUSAL"] == int(problem.causal)
         for k in space.knobs:
-            assert macros[k.macro] == k.default
-        env = space.environment(space.defaults(), problem, device)
+            assert macros[k.macro] == k.default_for(problem.head_dim)
+        env = space.environment(space.defaults(problem.head_dim), problem, device)
         for d in space.derived:
             if d.macro:
                 assert macros[d.macro] == env[d.name]
@@ -101,7 +101,7 @@ def test_launch_geometry_is_positive(space):
     for arch in supported_archs(space):
         device = limits_for_arch(arch)
         for problem in _problems(space):
-            g = space.launch(space.defaults(), problem, device)
+            g = space.launch(space.defaults(problem.head_dim), problem, device)
             assert len(g.grid) == 3 and all(isinstance(n, int) and n > 0 for n in g.grid), g
             assert 32 <= g.threads <= 1024 and g.threads % 32 == 0, g
             assert 0 <= g.smem_bytes <= device.smem_per_block_optin, g
@@ -176,13 +176,27 @@ def test_config_header_reads_exactly_the_space_macros(space):
                               f"never uses {sorted(expected - used)}")
 
 
+def _header_default(value: str, head_dim: int) -> int | None:
+    """A header default for ``head_dim``: a number, or ``(FT_HEAD_DIM == D ? A : B)`` (other forms: None)."""
+    value = re.sub(r"\s*//.*", "", value).strip()
+    if re.fullmatch(r"-?\d+", value):
+        return int(value)
+    by_head_dim = re.fullmatch(r"\(FT_HEAD_DIM == (\d+) \? (-?\d+) : (-?\d+)\)", value)
+    if by_head_dim:
+        d, a, b = map(int, by_head_dim.groups())
+        return a if head_dim == d else b
+    return None
+
+
 def test_config_header_defaults_equal_space_defaults(space):
     _, _, defaults = _header_macros((KERNEL_SRC / space.family.config_header).read_text())
     mismatched = {}
     for k in space.knobs:
-        value = defaults.get(k.macro, "").strip()
-        if re.fullmatch(r"-?\d+", value) and int(value) != k.default:
-            mismatched[k.macro] = (int(value), k.default)
+        assert _header_default(defaults.get(k.macro, ""), 0) is not None, f"{k.macro}: unreadable header default"
+        for head_dim in space.family.head_dims:
+            value = _header_default(defaults[k.macro], head_dim)
+            if value != k.default_for(head_dim):
+                mismatched[f"{k.macro} d{head_dim}"] = (value, k.default_for(head_dim))
     assert not mismatched, f"header default vs space default: {mismatched}"
 
 
@@ -277,6 +291,15 @@ MALFORMED = {
                                      ["[launch.abi] rows", "block_q"]),
     "launch_abi_not_a_table": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = 3'),
                                ["[launch]", "abi must be a table"]),
+    "head_dim_default_for_unsupported_head_dim": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 256 = 32 }'),
+        ["[knobs.block_n]", "'256'", "head_dims [64, 128]"]),
+    "head_dim_default_not_in_values": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 48 }'),
+        ["[knobs.block_n]", "128 = 48", "values"]),
+    "head_dim_defaults_not_a_table": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = 32'),
+        ["[knobs.block_n]", "default_by_head_dim must be a table"]),
     "invalid_toml": (lambda t: t + "\n[knobs.x\n", ["TOML"]),
     "name_not_stem": (lambda t: _replace(t, 'name = "toy"', 'name = "toy2"'), ["toy2", "toy"]),
     "source_missing": (lambda t: re.sub(r'source = "[^"]+"', 'source = "nope/flash_fwd.cu"', t, count=1),
@@ -348,6 +371,17 @@ def test_partial_fills_defaults(toy_space):
         toy_space.validate({"block_n": 100}, partial=True)
     with pytest.raises(ConfigError):
         toy_space.validate({"nope": 1}, partial=True)
+
+
+def test_a_head_dim_can_have_its_own_default(tmp_path):
+    text = _replace(toy_space_text(), 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }')
+    space = load_space(_write(tmp_path, text))
+    plain = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    assert space.defaults() == space.defaults(64) == plain
+    assert space.defaults(128) == {**plain, "block_n": 32}
+    assert space.knob("block_n").default_for(128) == 32 and space.knob("block_n").default_for(None) == 64
+    assert space.validate({"stages": 3}, partial=True, head_dim=128) == {**plain, "block_n": 32, "stages": 3}
+    assert space.validate({"block_n": 128}, partial=True, head_dim=128)["block_n"] == 128  # given values win
 
 
 def test_knob_lookup(toy_space):

@@ -46,6 +46,15 @@ def test_new_study_carries_its_metadata_and_the_default(storage, toy_space, prob
     assert waiting.user_attrs == {st.IS_DEFAULT: True}
 
 
+def test_the_enqueued_default_is_the_one_for_the_problem_s_head_dim(storage, tmp_path, problem):
+    text = toy_space_text().replace('help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }')
+    (tmp_path / "toy.toml").write_text(text)
+    space = load_space(tmp_path / "toy.toml")
+    assert problem.head_dim == 128 and space.defaults(128) != space.defaults()
+    [waiting] = _open(storage, space, problem).get_trials()
+    assert waiting.system_attrs["fixed_params"] == space.defaults(128)
+
+
 def test_resume_returns_the_same_study(storage, toy_space, problem):
     _open(storage, toy_space, problem)
     again = _open(storage, toy_space, problem, gpu={**GPU, "driver": "99.0", "sm_clock_mhz": 1000})  # same GPU name

@@ -32,16 +32,17 @@ class AttentionError(FlashtuneError, ValueError):
     """The inputs or the config cannot run on this kernel family and device."""
 
 
-def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path) -> Config:
-    """None: the family's defaults; a mapping: those knobs (others default); a path: an exported header."""
+def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, head_dim: int | None = None) -> Config:
+    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
+    exported header."""
     if config is None:
-        return space.defaults()
+        return space.defaults(head_dim)
     if isinstance(config, (str, Path)):
         from .export import read_header  # deferred: imports Optuna
 
         return read_header(config, space)
     if isinstance(config, Mapping):
-        return space.validate(config, partial=True)
+        return space.validate(config, partial=True, head_dim=head_dim)
     raise AttentionError(f"config must be None, a dict of knob values or the path of an exported header, "
                          f"not {type(config).__name__}")
 
@@ -194,7 +195,6 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     from .gpu.launch import Kernel
 
     space = load_space(family)
-    chosen = resolve_config(space, config)
     torch_input = _is_torch(q)
     if any(_is_torch(x) != torch_input for x in (k, v)):
         raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
@@ -209,6 +209,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
         reason = space.supports(problem)
         if reason:
             raise AttentionError(reason)
+        chosen = resolve_config(space, config, problem.head_dim)
         device = _device_limits(device_id)
         reason = space.check(chosen, problem, device)
         if reason:

@@ -16,8 +16,9 @@ from .worker import Worker
 __all__ = ["run_bench", "config_for_bench"]
 
 
-def config_for_bench(space, config: dict[str, int], study: str | None, storage_url: str | None) -> dict[str, int]:
-    """An explicit config (missing knobs: defaults), or a study's winner re-validated against the space."""
+def config_for_bench(space, config: dict[str, int], study: str | None, storage_url: str | None,
+                     head_dim: int | None = None) -> dict[str, int]:
+    """An explicit config (missing knobs: the defaults for ``head_dim``), or a study's winner re-validated against the space."""
     if study:
         import optuna
 
@@ -29,7 +30,7 @@ def config_for_bench(space, config: dict[str, int], study: str | None, storage_u
         if best is None:
             raise UsageError(f"study {study!r} has no successful trial")
         return space.validate(best["config"])
-    return space.validate(config, partial=True)
+    return space.validate(config, partial=True, head_dim=head_dim)
 
 
 def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Problem, *, config: dict[str, int],
@@ -38,7 +39,7 @@ def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Proble
     settings = settings or MeasureSettings()
     space = load_space(family)
     device = DeviceLimits.from_info(info)
-    chosen = config_for_bench(space, config, study, storage_url)
+    chosen = config_for_bench(space, config, study, storage_url, problem.head_dim)
     reason = space.check(chosen, problem, device)
     if reason:
         raise UsageError(f"config is infeasible on {info['name']}: {reason}")

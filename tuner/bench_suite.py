@@ -109,8 +109,9 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
                                          compiler)
             if ablate and row.tflops:
                 for knob in space.knobs:
-                    if row.config[knob.name] != knob.default:
-                        variant = {**row.config, knob.name: knob.default}
+                    default = knob.default_for(row.problem.head_dim)
+                    if row.config[knob.name] != default:
+                        variant = {**row.config, knob.name: default}
                         row.ablations[knob.name], _ = _time(worker, space, variant, row.problem, device, settings,
                                                             f"ablate-{knob.name}", compiler)
         if row.config or row.study:

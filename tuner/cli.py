@@ -377,7 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="compile a space without a GPU: static feasibility and ptxas resources")
     _add_problem(p, shape=False)
     p.add_argument("--arch", type=int, default=80, choices=KNOWN_ARCHS, help="compute capability x10 (default 80)")
-    p.add_argument("--samples", type=int, default=0, help="compile N sampled configs (0: every feasible config)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="compile N sampled feasible configs and the default (0: every feasible config; default: "
+                        "every one of a space small enough to enumerate, else 32)")
     p.add_argument("--jobs", type=int, default=default_compile_workers(), help="parallel compiles")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_check)

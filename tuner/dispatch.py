@@ -8,15 +8,17 @@ selection function::
     namespace flashtune::sm80 {
     struct Config { int block_m; int block_n; ... };
     inline constexpr Config kDefault = {...};
+    constexpr Config default_config(int head_dim) noexcept;  // kDefault, or the head dim's own default
     inline constexpr Entry kEntries[] = {{DType::fp16, 128, false, 512, {...}}, ...};
     constexpr Config select(DType dtype, int head_dim, bool causal, int seqlen) noexcept;
     }
 
 Selection: among the entries of the same (dtype, head_dim, causal), the one with the smallest
 tuned sequence length at or above ``seqlen``; above the largest tuned length, the largest.
-A (dtype, head_dim, causal) that no study covered gets ``kDefault``, the family's default
-config from its space file (valid for every problem the family supports). Every value is
-re-validated through :func:`tuner.export.choose` before it is written.
+A (dtype, head_dim, causal) that no study covered gets ``default_config(head_dim)``, the
+family's default config from its space file for that head dim (valid for every problem the
+family supports). Every value is re-validated through :func:`tuner.export.choose` before it is
+written.
 """
 
 from __future__ import annotations
@@ -118,6 +120,13 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         f"// The family's default config (search_spaces/{ns}.toml): the fallback for shapes no study covered.",
         f"inline constexpr Config kDefault = {_config_literal(space, space.defaults())};",
         "",
+        "// The default for a head dim: kDefault, unless the space file gives that head dim its own.",
+        "constexpr Config default_config(int head_dim) noexcept {",
+        *(f"  if (head_dim == {int(d)}) return Config{_config_literal(space, space.defaults(d))};"
+          for d in space.family.head_dims if space.defaults(d) != space.defaults()),
+        "  return kDefault;",
+        "}",
+        "",
         "// Tuned configs, sorted by (dtype, head_dim, causal, seqlen).",
         "inline constexpr Entry kEntries[] = {",
     ]
@@ -136,7 +145,8 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         "",
         "// The config for a runtime shape: among entries of the same (dtype, head_dim, causal), the one",
         "// with the smallest tuned seqlen >= seqlen; above the largest tuned seqlen, the largest one;",
-        "// kDefault when no entry has this (dtype, head_dim, causal). seqlen is the query length.",
+        "// default_config(head_dim) when no entry has this (dtype, head_dim, causal). seqlen is the",
+        "// query length.",
         "constexpr Config select(DType dtype, int head_dim, bool causal, int seqlen) noexcept {",
         "  const Entry* largest = nullptr;",
         "  for (int i = 0; i < kNumEntries; ++i) {",
@@ -145,7 +155,7 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         "    if (seqlen <= e.seqlen) return e.config;",
         "    largest = &e;",
         "  }",
-        "  return largest != nullptr ? largest->config : kDefault;",
+        "  return largest != nullptr ? largest->config : default_config(head_dim);",
         "}",
         "",
         f"}}  // namespace {ns}",
@@ -174,8 +184,9 @@ def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sou
         "// fields are the knobs of search_spaces/<family>.toml in order, their macros in the comments).",
         "// Buckets: a tuned entry serves every seqlen_q up to its own, down to the next smaller",
         "// tuned length; lengths above the largest tuned one use the largest one's config.",
-        "// Fallback: a (dtype, head_dim, causal) that no study covered gets <family>::kDefault, the",
-        "// family's default config (check that the family supports that head_dim and dtype).",
+        "// Fallback: a (dtype, head_dim, causal) that no study covered gets <family>::default_config,",
+        "// the family's default config for that head dim (check that the family supports that",
+        "// head_dim and dtype).",
     ]
     if not_covered:
         lines.append("// Not covered (no finished study, default config used):")

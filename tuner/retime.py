@@ -42,7 +42,7 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
         if len(candidates) >= top_k:
             break
         candidates.setdefault(config_key(t.params), (t.number, space.validate(t.params)))
-    default = space.defaults()
+    default = space.defaults(problem.head_dim)
     default_trial = st.default_trial(study)
     if default_trial is not None:
         candidates.setdefault(config_key(default), (default_trial.number, default))

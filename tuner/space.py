@@ -62,6 +62,11 @@ class Knob:
     values: tuple[int, ...]
     default: int
     help: str
+    head_dim_defaults: tuple[tuple[int, int], ...] = ()  # (head_dim, default) where the plain default does not fit
+
+    def default_for(self, head_dim: int | None = None) -> int:
+        """The default for problems of ``head_dim`` (None: the plain default)."""
+        return dict(self.head_dim_defaults).get(head_dim, self.default)
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,9 @@ class Space:
         except KeyError:
             raise ConfigError(f"{self.name}: unknown knob {name!r}; knobs are {', '.join(self._by_name)}") from None
 
-    def defaults(self) -> Config:
-        return {k.name: k.default for k in self.knobs}
+    def defaults(self, head_dim: int | None = None) -> Config:
+        """The default config; for ``head_dim``, with the space file's ``default_by_head_dim`` applied."""
+        return {k.name: k.default_for(head_dim) for k in self.knobs}
 
     def size(self) -> int:
         """Number of points in the full grid (before constraints)."""
@@ -138,11 +144,12 @@ class Space:
             n *= len(k.values)
         return n
 
-    def validate(self, config: Mapping[str, Any], *, partial: bool = False) -> Config:
+    def validate(self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None) -> Config:
         """Return ``config`` as a canonical dict in knob order, or raise :class:`ConfigError`.
 
         Values read from a database or a command line pass through here before they reach
-        C source or a compiler flag. With ``partial`` missing knobs take their defaults.
+        C source or a compiler flag. With ``partial`` missing knobs take their defaults (those
+        for ``head_dim`` when given).
         """
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
@@ -152,7 +159,7 @@ class Space:
             if k.name not in config:
                 if not partial:
                     raise ConfigError(f"{self.name}: config has no value for knob {k.name!r}")
-                out[k.name] = k.default
+                out[k.name] = k.default_for(head_dim)
                 continue
             value = config[k.name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
@@ -254,6 +261,21 @@ def load_space(name_or_path: str | Path) -> Space:
         raise SpaceError(f"{path}: {e}") from None
 
 
+def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str) -> tuple[tuple[int, int], ...]:
+    """``default_by_head_dim = { 256 = 80 }``: head dims of the family -> a default among the values."""
+    if not isinstance(table, dict):
+        raise SpaceError(f"{where}: default_by_head_dim must be a table such as {{ 256 = 80 }}")
+    out = []
+    for key, value in table.items():
+        if not key.isdigit() or int(key) not in family.head_dims:
+            raise SpaceError(f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
+                             f"{list(family.head_dims)}")
+        if isinstance(value, bool) or value not in values:
+            raise SpaceError(f"{where}: default_by_head_dim {key} = {value!r} is not one of the values {values}")
+        out.append((int(key), int(value)))
+    return tuple(sorted(out))
+
+
 def _table(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
     value = data.get(key, None)
     if value is None:
@@ -307,7 +329,7 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         raise SpaceError(f"{where}: [knobs] declares no knob")
     for name, entry in knob_tables.items():
         kw = f"{where} [knobs.{name}]"
-        _keys(entry, kw, {"macro", "values", "default", "help"})
+        _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim"})
         _check_name(name, kw, known)
         _check_macro(entry["macro"], kw, macros)
         values = entry["values"]
@@ -319,7 +341,9 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
             raise SpaceError(f"{kw}: values repeat: {values}")
         if entry["default"] not in values:
             raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
-        knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"]))
+        by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
+        knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
+                          by_head_dim))
         known.add(name)
 
     derived: list[Derived] = []

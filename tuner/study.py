@@ -107,7 +107,7 @@ def open_study(*, storage: optuna.storages.BaseStorage, name: str, space: Space,
     study.set_user_attr("problem", problem.to_dict())
     study.set_user_attr("gpu", gpu)
     study.set_user_attr("space_digest", space_digest(space))
-    study.enqueue_trial(space.defaults(), user_attrs={IS_DEFAULT: True})
+    study.enqueue_trial(space.defaults(problem.head_dim), user_attrs={IS_DEFAULT: True})
     return study
 
 

@@ -24,7 +24,7 @@
 #define FT_KV_STAGES 2  // depth of the K ring and of the V ring
 #endif
 #ifndef FT_BLOCK_N
-#define FT_BLOCK_N 128  // keys per K/V tile (= N of the S = Q.K^T wgmma)
+#define FT_BLOCK_N (FT_HEAD_DIM == 256 ? 80 : 128)  // keys per K/V tile (= N of the S = Q.K^T wgmma)
 #endif
 #ifndef FT_CONSUMER_WGS
 #define FT_CONSUMER_WGS 2  // consumer warpgroups, 64 query rows each
@@ -102,7 +102,7 @@ constexpr int kSmemOptin = 232448;                   // H100/H200 opt-in shared 
 constexpr int kEntryRegs = (65536 / kThreads < 256 ? 65536 / kThreads : 256) / 8 * 8;
 
 // ---- constraints (the space file's, restated) ------------------------------------------
-static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim must be 64 or 128");
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim must be 64, 128 or 256");
 static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
               "block_n: wgmma N and the P.V k-steps need a multiple of 16 in [16, 256]");
 static_assert(kConsumerWgs >= 1 && kConsumerWgs <= 3, "1 to 3 consumer warpgroups");

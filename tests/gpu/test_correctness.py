@@ -39,14 +39,15 @@ def problems_for(dtype, head_dim, causal):
                     causal=causal) for b, nq, nk, hq, hk in SHAPES]
 
 
-def covering_configs(space, device, seed=0):
-    """The default, the family's representative knob combinations (tests/test_kernel_builds.py), then
-    configs feasible for every static problem so that every knob value appears at least once."""
+def covering_configs(space, device, head_dim, seed=0):
+    """For one head dim: its default, the family's representative knob combinations
+    (tests/test_kernel_builds.py), then configs feasible for every static problem of that head dim
+    so that every knob value that fits it appears at least once."""
     rng = random.Random(seed)
-    probes = [problems_for(*s)[0] for s in statics(space)]
-    chosen = [space.defaults()]
+    probes = [problems_for(*s)[0] for s in statics(space) if s[1] == head_dim]
+    chosen = [space.defaults(head_dim)]
     for partial in REPRESENTATIVE.get(space.name, {}).values():
-        c = space.validate(partial, partial=True)
+        c = space.validate(partial, partial=True, head_dim=head_dim)
         if c not in chosen and all(space.check(c, p, device) is None for p in probes):
             chosen.append(c)
     for knob in space.knobs:
@@ -67,8 +68,8 @@ def compiled(request, device):
     space = load_space(request.param)
     if device.arch < space.family.min_arch:
         pytest.skip(f"{space.name} needs sm_{space.family.min_arch}+")
-    configs = covering_configs(space, device)
-    pairs = [(c, problems_for(*s)[0]) for s in statics(space) for c in configs]
+    configs = {d: covering_configs(space, device, d) for d in space.family.head_dims}
+    pairs = [(c, problems_for(*s)[0]) for s in statics(space) for c in configs[s[1]]]
     outcomes = compile_all(space, pairs, device)
     failed = [(c, p.slug(), o.reason) for (c, p), o in zip(pairs, outcomes) if o.status != "ok"]
     assert not failed, f"compile failures: {failed[:3]}"
