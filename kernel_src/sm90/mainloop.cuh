@@ -202,6 +202,7 @@ struct Consumer {
     issue_pv<0, kPvFirstSteps>(o, p, st);
     if constexpr (kPvFirstSteps < kPvSteps) {
       ptx::wgmma_commit();
+      ptx::fence_operands(o);  // O is being accumulated: no code of finish_p may touch its registers
       finish_p();
       ptx::wgmma_fence();  // the second part's P registers were written after the first fence
       issue_pv<kPvFirstSteps, kPvSteps>(o, p, st);
