@@ -21,14 +21,18 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 CHECK = Path(__file__).parent / "kernels" / "sm90_schedule_check.cu"
 
-CONFIGS = {  # scheduling knobs and tile shapes; the rest at their defaults
-    "default": {},
-    "persistent": {"persistent": 1},
-    "cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
-    "cluster_persistent": {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232},
-    "three_wgs_bn64_cluster_persistent": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64,
-                                          "cta_mode": 2, "persistent": 1},
-    "one_wg_bn176": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176},
+CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that head dim's defaults)
+    "default": (128, {}),
+    "persistent": (128, {"persistent": 1}),
+    "cluster": (128, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),
+    "cluster_persistent": (128, {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232}),
+    "three_wgs_bn64_cluster_persistent": (128, {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160,
+                                                "block_n": 64, "cta_mode": 2, "persistent": 1}),
+    "one_wg_bn176": (128, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176}),
+    "d256_bn80_cluster": (256, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),  # 40-row halves
+    "d256_one_wg_bn96": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 96}),
+    "d256_one_wg_bn64_persistent": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256,
+                                          "block_n": 64, "persistent": 1}),
 }
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
@@ -45,10 +49,10 @@ def binaries(tmp_path_factory):
     space, device = load_space("sm90"), limits_for_arch(90)
     out = tmp_path_factory.mktemp("schedule")
     built = {}
-    for name, partial in CONFIGS.items():
-        config = space.validate(partial, partial=True)
+    for name, (head_dim, partial) in CONFIGS.items():
+        config = space.validate(partial, partial=True, head_dim=head_dim)
         for causal in (False, True):
-            problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=128, causal=causal)
+            problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim, causal=causal)
             assert space.check(config, problem, device) is None, (name, space.check(config, problem, device))
             exe = out / f"{name}-{int(causal)}"
             flags = [f"-D{k}={v}" for k, v in space.macros(config, problem, device).items()]
@@ -64,7 +68,7 @@ def test_every_query_block_once_and_every_visible_key(binaries, name, causal):
     space, device, built = binaries
     exe, config = built[name, causal]
     for batch, sq, sk, hq, hkv in SHAPES:
-        problem = Problem(batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=128,
+        problem = Problem(batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0],
                           causal=causal)
         grid = space.launch(config, problem, device).grid
         run = subprocess.run([str(exe), *map(str, grid), *map(str, (batch, sq, sk, hq, hkv))], capture_output=True,
