@@ -218,6 +218,15 @@ def test_check_one_sample(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_check_of_sm90_builds_for_sm_90a_unless_told_an_older_arch(tmp_path):
+    require_family("sm90")
+    proc = flashtune("check", "--family", "sm90", "--head-dim", "64", "--samples", "1", "--jobs", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("sm90 on sm_90 ") and "check passed" in proc.stdout
+    proc = flashtune("check", "--family", "sm90", "--arch", "80", "--samples", "1", cwd=tmp_path)
+    assert_one_error_line(proc, "check", "sm90 needs sm_90 or newer, not sm_80: pass --arch 90")
+
+
 def test_check_unsupported_head_dim(tmp_path):
     require_family("sm80")
     proc = flashtune("check", "--family", "sm80", "--head-dim", "96", "--samples", "1", cwd=tmp_path)

@@ -217,7 +217,10 @@ def cmd_studies(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_space
 
-    device = limits_for_arch(args.arch)
+    from .space import load_space
+
+    arch = args.arch if args.arch is not None else load_space(args.family).family.min_arch
+    device = limits_for_arch(arch)
     problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
     report = check_space(args.family, problem, device, samples=args.samples, jobs=args.jobs, seed=args.seed,
                          out=sys.stdout)
@@ -376,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="compile a space without a GPU: static feasibility and ptxas resources")
     _add_problem(p, shape=False)
-    p.add_argument("--arch", type=int, default=80, choices=KNOWN_ARCHS, help="compute capability x10 (default 80)")
+    p.add_argument("--arch", type=int, default=None, choices=KNOWN_ARCHS,
+                   help="compute capability x10 (default: the family's oldest, 80 for sm80, 90 for sm90)")
     p.add_argument("--samples", type=int, default=None,
                    help="compile N sampled feasible configs and the default (0: every feasible config; default: "
                         "every one of a space small enough to enumerate, else 32)")
