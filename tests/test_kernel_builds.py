@@ -34,6 +34,10 @@ SM90_REPRESENTATIVE = {
     "three_wgs_cluster": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64,
                           "cta_mode": 2, "persistent": 1},
     "one_wg": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176, "kv_stages": 2},
+    "shared_kv_barriers": {"kv_barriers": 1},
+    "shared_kv_barriers_serial_pingpong": {"kv_barriers": 1, "intra_wg_overlap": 0, "pingpong": 1},
+    "shared_kv_barriers_cluster_persistent": {"kv_barriers": 1, "cta_mode": 2, "persistent": 1, "producer_regs": 32,
+                                              "consumer_regs": 232},
 }
 # sm90 at head dim 256 (its default has block_n 80): the code paths that still fit beside a 64 KB Q tile
 SM90_D256_REPRESENTATIVE = {
@@ -43,6 +47,7 @@ SM90_D256_REPRESENTATIVE = {
     "d256_cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
     "d256_one_wg_persistent": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 64,
                                "persistent": 1},
+    "d256_shared_kv_barriers_cluster": {"kv_barriers": 1, "cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
 #: at every head dim where they are feasible (missing knobs: that head dim's defaults)

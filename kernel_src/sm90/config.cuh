@@ -23,6 +23,9 @@
 #ifndef FT_KV_STAGES
 #define FT_KV_STAGES 2  // depth of the K ring and of the V ring
 #endif
+#ifndef FT_KV_BARRIERS
+#define FT_KV_BARRIERS 2  // 2: separate full/empty barriers for K and V of a stage; 1: one pair for both
+#endif
 #ifndef FT_BLOCK_N
 #define FT_BLOCK_N (FT_HEAD_DIM == 256 ? 80 : 128)  // keys per K/V tile (= N of the S = Q.K^T wgmma)
 #endif
@@ -76,6 +79,7 @@ constexpr bool kIsCausal = FT_IS_CAUSAL != 0;
 constexpr int kHeadDim = FT_HEAD_DIM;
 
 constexpr int kKvStages = FT_KV_STAGES;
+constexpr bool kSplitKvBarriers = FT_KV_BARRIERS == 2;
 constexpr int kBlockN = FT_BLOCK_N;
 constexpr int kConsumerWgs = FT_CONSUMER_WGS;
 constexpr float kRescaleSlack = static_cast<float>(FT_RESCALE_SLACK);
@@ -107,6 +111,7 @@ static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
               "block_n: wgmma N and the P.V k-steps need a multiple of 16 in [16, 256]");
 static_assert(kConsumerWgs >= 1 && kConsumerWgs <= 3, "1 to 3 consumer warpgroups");
 static_assert(kKvStages >= 2 && kKvStages <= 4, "kv_stages in [2, 4]");
+static_assert(FT_KV_BARRIERS == 1 || FT_KV_BARRIERS == 2, "kv_barriers: 1 (K and V together) or 2 (apart)");
 static_assert(FT_RESCALE_SLACK >= 0 && FT_RESCALE_SLACK <= 8,
               "rescale_slack in [0, 8]: P <= 2^slack must stay far below the 16-bit maximum");
 static_assert(kProducerRegs % 8 == 0 && kProducerRegs >= 24 && kProducerRegs <= 256, "producer_regs");

@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
 
   if (threadIdx.x == 0) {
     smem.k_ring.init(4 * kConsumerWgs * kClusterCtas);
-    smem.v_ring.init(4 * kConsumerWgs * kClusterCtas);
+    if constexpr (kSplitKvBarriers) smem.v_ring.init(4 * kConsumerWgs * kClusterCtas);
     ptx::mbarrier_init(ptx::smem_addr(&smem.q_full), 1);
     ptx::mbarrier_init(ptx::smem_addr(&smem.q_empty), 4 * kConsumerWgs);
     ptx::fence_barrier_init();

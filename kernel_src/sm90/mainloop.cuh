@@ -61,10 +61,16 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
     ++q_round;
     for (int n = blk.n_block_max - 1; n >= 0; --n) {
       // each CTA's full barrier expects the whole tile: its own half and the peer's
-      load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n, blk,
-                   rank, evict_last);
-      load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, smem.v_ring.producer_acquire(st, kKvTileBytes), n, blk,
-                   rank, evict_last);
+      if constexpr (kSplitKvBarriers) {
+        load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n,
+                     blk, rank, evict_last);
+        load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, smem.v_ring.producer_acquire(st, kKvTileBytes), n,
+                     blk, rank, evict_last);
+      } else {  // K and V of the stage on one barrier
+        const uint32_t bar = smem.k_ring.producer_acquire(st, 2 * kKvTileBytes);
+        load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, bar, n, blk, rank, evict_last);
+        load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, bar, n, blk, rank, evict_last);
+      }
       st.advance();
     }
   }
@@ -131,6 +137,20 @@ struct Consumer {
     }
   }
 
+  // K and V of a stage: waited for and released apart (kv_barriers = 2), or together on the
+  // K ring's barriers (1): then waiting for K covers V, and the stage is released after V.
+  // Every wait_v(st) follows wait_k(st) of the same stage.
+  __device__ __forceinline__ void wait_k(const KvState& st) const { smem.k_ring.consumer_wait(st); }
+  __device__ __forceinline__ void wait_v(const KvState& st) const {
+    if constexpr (kSplitKvBarriers) smem.v_ring.consumer_wait(st);
+  }
+  __device__ __forceinline__ void release_k(const KvState& st) const {
+    if constexpr (kSplitKvBarriers) release(smem.k_ring, st);
+  }
+  __device__ __forceinline__ void release_v(const KvState& st) const {
+    release(kSplitKvBarriers ? smem.v_ring : smem.k_ring, st);
+  }
+
   __device__ __forceinline__ void mask(float (&s)[kSRegs], int n) const {
     if (blk.needs_mask(n, first_row))
       apply_mask(s, n * kBlockN + 2 * (lane % 4), first_row + 16 * warp + lane / 4, blk.seqlen_k, blk.causal_offset);
@@ -160,10 +180,10 @@ struct Consumer {
     int n = blk.n_block_max;
     if constexpr (kIsCausal && !kPingPong) {
       for (const int visible = blk.n_block_visible(first_row, kWgRows); n > visible; --n) {
-        smem.k_ring.consumer_wait(st);
-        release(smem.k_ring, st);
-        smem.v_ring.consumer_wait(st);
-        release(smem.v_ring, st);
+        wait_k(st);
+        release_k(st);
+        wait_v(st);
+        release_v(st);
         st.advance();
       }
     }
@@ -178,7 +198,7 @@ struct Consumer {
   // S = Q K^T for the key block in stage `st`, waited for; the K stage (and after the last
   // key block, Q) is released.
   __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st, bool last) const {
-    smem.k_ring.consumer_wait(st);
+    wait_k(st);
     begin_gemm_turn();
     ptx::wgmma_fence();
     issue_qk(s, st);
@@ -186,7 +206,7 @@ struct Consumer {
     end_gemm_turn();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(s);
-    release(smem.k_ring, st);
+    release_k(st);
     if (last) release_q();
   }
 
@@ -196,7 +216,7 @@ struct Consumer {
   template <class FinishP>
   __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st,
                                           FinishP&& finish_p) const {
-    smem.v_ring.consumer_wait(st);
+    wait_v(st);
     begin_gemm_turn();
     ptx::wgmma_fence();
     issue_pv<0, kPvFirstSteps>(o, p, st);
@@ -212,7 +232,7 @@ struct Consumer {
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(p);
-    release(smem.v_ring, st);
+    release_v(st);
   }
   __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st) const {
     pv_gemm(o, p, st, [] {});
@@ -259,19 +279,19 @@ struct Consumer {
       const KvState prev = st;
       st.advance();
       float s[kSRegs];
-      smem.k_ring.consumer_wait(st);
+      wait_k(st);
       begin_gemm_turn();
       ptx::wgmma_fence();
       issue_qk(s, st);
       ptx::wgmma_commit();
-      smem.v_ring.consumer_wait(prev);
+      wait_v(prev);
       ptx::wgmma_fence();  // P and O registers were last written before the barrier wait
       issue_pv(o, p, prev);
       ptx::wgmma_commit();
       end_gemm_turn();
       ptx::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       ptx::fence_operands(s);
-      release(smem.k_ring, st);
+      release_k(st);
       if (n == 0) release_q();
 
       mask(s, n);
@@ -282,7 +302,7 @@ struct Consumer {
       ptx::wgmma_wait<0>();
       ptx::fence_operands(o);
       ptx::fence_operands(p);
-      release(smem.v_ring, prev);
+      release_v(prev);
       if (rescale) rescale_o(o, o_scale);
       convert_p(s, p);
     }

@@ -26,8 +26,8 @@ struct SharedStorage {
   elem_t k[kKvStages][kBlockN * kHeadDim];
   elem_t v[kKvStages][kBlockN * kHeadDim];
   elem_t o[kOwnOTile ? kBlockM * kHeadDim : 1];  // O staging tile of a persistent CTA
-  RingBarriers<kKvStages> k_ring;
-  RingBarriers<kKvStages> v_ring;
+  RingBarriers<kKvStages> k_ring;  // with kv_barriers = 1: the barriers of K and V together
+  RingBarriers<kKvStages> v_ring;  // unused with kv_barriers = 1
   uint64_t q_full;   // Q of the current work unit landed
   uint64_t q_empty;  // every consumer warp is done reading Q (a persistent producer may reload it)
 
