@@ -244,3 +244,19 @@ def test_main_in_process_returns_exit_codes(capsys, tmp_path, monkeypatch):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"flashtune {__version__}"
+
+
+def test_best_of_an_unknown_study_does_not_print_the_storage_password(monkeypatch, capsys):
+    import optuna
+
+    import tuner.storage
+    from tuner.cli import main
+
+    monkeypatch.setattr(tuner.storage, "open_storage", lambda url, create=True: object())
+
+    def no_such_study(study_name, storage):
+        raise KeyError("Record does not exist.")
+    monkeypatch.setattr(optuna, "load_study", no_such_study)
+    assert main(["best", "--study", "typo", "--storage", "postgresql+psycopg://ft:secret-pw@db.example/ft"]) == 2
+    err = capsys.readouterr().err
+    assert "no study named 'typo'" in err and "secret-pw" not in err and "db.example" in err

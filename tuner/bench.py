@@ -5,41 +5,45 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from .compile import CompileError
-from .errors import UsageError
 from .devices import DeviceLimits
+from .errors import UsageError
 from .jobs import MeasureSettings
 from .problem import Problem
 from .space import load_space
 from .tune import compile_outcome, measure_job_for
 from .worker import Worker
 
-__all__ = ["run_bench", "config_for_bench"]
+__all__ = ["run_bench", "study_for_bench"]
 
 
-def config_for_bench(space, config: dict[str, int], study: str | None, storage_url: str | None,
-                     head_dim: int | None = None) -> dict[str, int]:
-    """An explicit config (missing knobs: the defaults for ``head_dim``), or a study's winner re-validated against the space."""
-    if study:
-        import optuna
+def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Problem, dict[str, int]]:
+    """A study's family, problem and winner, the winner re-validated against the family's space."""
+    import optuna
 
-        from .storage import open_storage
-        from .study import winner
+    from .storage import mask_url, open_storage
+    from .study import study_problem, winner
 
-        loaded = optuna.load_study(study_name=study, storage=open_storage(storage_url, create=False))
-        best = winner(loaded)
-        if best is None:
-            raise UsageError(f"study {study!r} has no successful trial")
-        return space.validate(best["config"])
-    return space.validate(config, partial=True, head_dim=head_dim)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, create=False))
+    except KeyError:
+        raise UsageError(f"no study named {study_name!r} in {mask_url(storage_url)}; `flashtune studies` lists them"
+                         ) from None
+    family = study.user_attrs.get("family")
+    if not family or "problem" not in study.user_attrs:
+        raise UsageError(f"study {study_name!r} was not made by flashtune (no family or problem stored)")
+    best = winner(study)
+    if best is None:
+        raise UsageError(f"study {study_name!r} has no successful trial")
+    return family, study_problem(study), load_space(family).validate(best["config"])
 
 
 def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Problem, *, config: dict[str, int],
-              study: str | None, storage_url: str | None, out: TextIO,
-              settings: MeasureSettings | None = None) -> list[dict[str, Any]]:
+              out: TextIO, settings: MeasureSettings | None = None) -> list[dict[str, Any]]:
+    """Time ``config`` (every knob) of ``family`` on ``problem`` against the peers; print the table on ``out``."""
     settings = settings or MeasureSettings()
     space = load_space(family)
     device = DeviceLimits.from_info(info)
-    chosen = config_for_bench(space, config, study, storage_url, problem.head_dim)
+    chosen = space.validate(config)
     reason = space.check(chosen, problem, device)
     if reason:
         raise UsageError(f"config is infeasible on {info['name']}: {reason}")
@@ -49,7 +53,7 @@ def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Proble
     result = worker.measure(measure_job_for(space, chosen, problem, device, outcome.kernel, settings, tag="bench"))
     rows: list[dict[str, Any]] = [{"name": f"flashtune_{space.name}", "latency_ms": result.latency_ms,
                                    "tflops": result.tflops, "spread": result.spread,
-                                   "detail": result.detail or f"rel err {result.rel_error:.2e}"}]
+                                   "detail": result.detail or (f"rel err {result.rel_error:.2e}" if result.rel_error is not None else "")}]
     rows += worker.call("run_peers", (problem, settings), timeout_s=600)
     ours = rows[0]["tflops"]
     print(f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info.get('driver_version', info['driver'])}, "

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import __version__
 from .devices import KNOWN_ARCHS, DeviceLimits, limits_for_arch
@@ -150,7 +149,6 @@ def _validate_early(spec) -> None:
 def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
     import optuna
 
-    from .devices import DeviceLimits
     from .retime import retime_top
     from .space import load_space
     from .storage import open_storage
@@ -189,19 +187,20 @@ def _print_best(study, *, as_json: bool) -> int:
 def cmd_best(args: argparse.Namespace) -> int:
     import optuna
 
-    from .storage import open_storage
+    from .storage import mask_url, open_storage
 
     storage = open_storage(args.storage, create=False)
     try:
         study = optuna.load_study(study_name=args.study, storage=storage)
     except KeyError:
-        raise UsageError(f"no study named {args.study!r} in {args.storage}; `flashtune studies` lists them") from None
+        raise UsageError(f"no study named {args.study!r} in {mask_url(args.storage)}; `flashtune studies` lists them"
+                         ) from None
     return _print_best(study, as_json=args.json)
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from .study import describe
     from .storage import mask_url, open_storage
+    from .study import describe
 
     rows = describe(open_storage(args.storage, create=False))
     if not rows:
@@ -216,7 +215,6 @@ def cmd_studies(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_space
-
     from .space import load_space
 
     arch = args.arch if args.arch is not None else load_space(args.family).family.min_arch
@@ -227,28 +225,52 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+_PROBLEM_FLAGS = ("family", "dtype", "head_dim", "causal", "batch", "seqlen", "seqlen_k", "heads", "kv_heads")
+
+
+def _explicit_problem_flags(args: argparse.Namespace) -> list[str]:
+    """The problem flags given on the command line (those that differ from their defaults)."""
+    defaults = build_parser().parse_args([args.command])
+    return [f"--{k.replace('_', '-')}" for k in _PROBLEM_FLAGS if getattr(args, k) != getattr(defaults, k)]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench import run_bench, study_for_bench
+    from .space import load_space
 
     if args.suite:
         return _bench_suite(args)
     if args.ablate or args.output:
         raise UsageError("--ablate and --output go with --suite")
-    problem = _problem(args)
+    if args.study:
+        if args.config:
+            raise UsageError("--study times the study's winner; drop --config (or --study, to time a config)")
+        explicit = _explicit_problem_flags(args)
+        if explicit:
+            raise UsageError(f"--study times the study's own problem and family; drop {' '.join(explicit)}")
+        family, problem, config = study_for_bench(args.study, args.storage)
+        print(f"study {args.study}: its winner on its own problem", file=sys.stderr)
+    else:
+        family, problem = args.family, _problem(args)
+        config = load_space(family).validate(_parse_config(args.config), partial=True, head_dim=problem.head_dim)
     worker, info = _start_worker(args.gpu)
     with worker:
-        run_bench(worker, info, args.family, problem, config=_parse_config(args.config), study=args.study,
-                  storage_url=args.storage, out=sys.stdout)
+        run_bench(worker, info, family, problem, config=config, out=sys.stdout)
     return 0
 
 
 def _bench_suite(args: argparse.Namespace) -> int:
     """``bench --suite FILE``: each study's winner against the peers, as a Markdown table (and JSON)."""
     from .bench_suite import bench_suite, markdown_table
+    from .export import check_output_path, write_text
     from .suite import load_suite, suite_storage
 
     if args.study or args.config:
         raise UsageError("with --suite every problem's config comes from its study; drop --study/--config")
+    if args.output:
+        out = check_output_path(args.output)  # before the GPU run, not after it
+        if out.suffix == ".json":
+            raise UsageError(f"-o {out}: the table is Markdown (the JSON goes beside it); give a .md name")
     suite = load_suite(args.suite)
     storage_url = suite_storage(suite, args.storage)
     worker, info = _start_worker(args.gpu)
@@ -256,9 +278,8 @@ def _bench_suite(args: argparse.Namespace) -> int:
         rows = bench_suite(worker, info, suite, storage_url, ablate=args.ablate, log=sys.stderr)
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:
-        out = Path(args.output)
-        out.write_text(table)
-        out.with_suffix(".json").write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1))
+        write_text(table, out)
+        write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), out.with_suffix(".json"))
         print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
     else:
         print(table, end="")
