@@ -243,6 +243,22 @@ def test_each_sampler_runs_a_study(storage, toy_space, problem, sm80, sampler):
     assert study.get_trials()[0].params == toy_space.defaults()
 
 
+def test_the_grid_sampler_covers_a_small_space_and_stops_as_exhausted(storage, tmp_path, problem, sm80):
+    from tests.conftest import toy_space_text
+    from tuner.space import load_space
+
+    (tmp_path / "toy.toml").write_text(toy_space_text(block_m=(32, 64), block_n=(32, 64), stages=(1, 2)))
+    space = load_space(tmp_path / "toy.toml")  # 16 points, all statically feasible
+    study = make_study(storage, space, problem, sampler="grid", name="grid")
+    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, max_idle_asks=30),
+                   compiler=fake_compiler)
+    assert "space exhausted" in summary.stopped_because
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state in (TrialState.FAIL, TrialState.RUNNING)]
+    measured = [t for t in trials if st.DUPLICATE_OF not in t.user_attrs]
+    assert len({tuple(sorted(t.params.items())) for t in measured}) == len(measured) == 16
+
+
 class _StuckSampler(optuna.samplers.BaseSampler):
     """Always proposes each knob's first value: a sampler that has converged for good."""
 

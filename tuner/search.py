@@ -40,10 +40,20 @@ def _gp(space: Space, seed: int | None) -> optuna.samplers.BaseSampler:
     return optuna.samplers.GPSampler(seed=seed)
 
 
+class ExhaustiveSampler(optuna.samplers.BruteForceSampler):
+    """Optuna's BruteForceSampler without its ``study.stop()`` once every point is covered: that
+    only works inside ``Study.optimize`` and raises in an ask/tell loop. Once the grid is covered it
+    proposes points already evaluated, which the tuner answers from storage until it stops with
+    "space exhausted"."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
 def _grid(space: Space, seed: int | None) -> optuna.samplers.BaseSampler:
     if space.size() > 20000:
         raise SamplerError(f"the grid sampler would enumerate {space.size()} points; use tpe or random")
-    return optuna.samplers.BruteForceSampler(seed=seed)
+    return ExhaustiveSampler(seed=seed)
 
 
 SAMPLERS: dict[str, Callable[[Space, int | None], optuna.samplers.BaseSampler]] = {
