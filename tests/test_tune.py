@@ -172,14 +172,23 @@ def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, in
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert [t.user_attrs.get(st.STATUS) for t in trials if t.state == TrialState.FAIL]  # told, not left open
     assert all(t.user_attrs.get(st.STATUS) == "interrupted" for t in trials if t.state == TrialState.FAIL)
-    done_before = snapshot(study)
+    done_before = [s for s in snapshot(study) if s[1].is_finished()]
+
+    interrupted = {t.number: t.params for t in study.get_trials() if t.state == TrialState.FAIL}
+    requeued = [t for t in study.get_trials() if t.state == TrialState.WAITING]
+    assert {t.user_attrs["requeued_from"] for t in requeued} == set(interrupted)
+    assert sum(bool(t.user_attrs.get(st.IS_DEFAULT)) for t in requeued) == (interrupt_at == 1)  # the default first
 
     # resuming finishes the budget; interrupted configs are tried again, finished ones are kept
     tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(8),
          compiler=fake_compiler)
     assert len(evaluated_trials(study)) == 8
-    assert snapshot(study)[: len(done_before)] == done_before
-    assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+    after = {s[0]: s for s in snapshot(study)}
+    assert [after[s[0]] for s in done_before] == done_before
+    assert not [t for t in study.get_trials() if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    measured = {tuple(sorted(t.params.items())) for t in evaluated_trials(study)}
+    assert {tuple(sorted(p.items())) for p in interrupted.values()} <= measured
+    assert st.default_trial(study) is not None  # the speedup over the default survives an early Ctrl-C
 
 
 def test_time_budget(storage, toy_space, problem, sm80):

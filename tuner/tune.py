@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from . import study as st
 from .compile import CompiledKernel, CompileError, compile_config
 from .devices import DeviceLimits
-from .heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, recover_stale
+from .heartbeat import HEARTBEAT_INTERVAL_S, REQUEUE_REASON, REQUEUED_FROM, Heartbeat, recover_stale
 from .jobs import MeasureJob, MeasureResult, MeasureSettings
 from .problem import Problem
 from .search import distributions
@@ -222,10 +222,24 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                             state=TrialState.FAIL)
                 except Exception:  # noqa: BLE001 - the storage is gone; the heartbeat lets others recover it
                     pass
+            for item in pending:  # their configs were drawn but not measured: the next run measures them
+                try:
+                    _requeue_interrupted(study, item)
+                except Exception:  # noqa: BLE001 - the storage is gone; the sampler will propose again
+                    pass
             pool.shutdown(wait=False, cancel_futures=True)
     storage_call(lambda: state.refresh(study), what="reading the study")
     report("done")
     return summary
+
+
+def _requeue_interrupted(study: optuna.Study, item: _Pending) -> None:
+    """Enqueue the config of a trial the tuner stopped before measuring, keeping its role (the
+    default config stays the default, so the study still shows its speedup over it)."""
+    kept = {k: v for k, v in item.trial.user_attrs.items() if k in (st.IS_DEFAULT, st.EXPLORATION)}
+    study.enqueue_trial(item.config, user_attrs={
+        REQUEUED_FROM: item.trial.number, REQUEUE_REASON: f"trial {item.trial.number} was interrupted", **kept,
+    }, skip_if_exists=False)
 
 
 def _unseen_feasible(space: Space, problem: Problem, device: DeviceLimits, taken: set[str],
