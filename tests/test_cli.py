@@ -106,6 +106,19 @@ def test_non_positive_trials(tmp_path, family):
     assert_one_error_line(flashtune("tune", "--family", family, "--trials", "0", cwd=tmp_path), "tune", "--trials")
 
 
+@pytest.mark.parametrize(("option", "value", "fragment"), [
+    ("--compile-workers", "0", "--compile-workers must be at least 1, not 0"),
+    ("--rounds", "0", "--rounds must be at least 1, not 0"),
+    ("--top-k", "-1", "--top-k must be at least 0, not -1"),
+    ("--timeout", "0", "--timeout must be a positive number of seconds, not 0"),
+    ("--trial-timeout", "-5", "--trial-timeout must be a positive number of seconds, not -5"),
+])
+def test_run_options_out_of_range_are_refused_before_any_gpu_work(tmp_path, family, option, value, fragment):
+    proc = flashtune("tune", "--family", family, option, value, cwd=tmp_path)
+    assert_one_error_line(proc, "tune", fragment)
+    assert not (tmp_path / "studies").exists()
+
+
 def test_bad_storage_url(tmp_path, family):
     proc = flashtune("tune", "--family", family, "--storage", "not a url", cwd=tmp_path)
     assert_one_error_line(proc, "tune", "invalid storage URL")

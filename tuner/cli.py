@@ -98,6 +98,13 @@ def _settings(args: argparse.Namespace, n_trials: int | None):
 
     if n_trials is not None and n_trials <= 0:
         raise UsageError("--trials must be positive")
+    for flag, value, least in (("--compile-workers", args.compile_workers, 1), ("--rounds", args.rounds, 1),
+                               ("--top-k", args.top_k, 0)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, not {value}")
+    for flag, value in (("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
     return TuneSettings(n_trials=n_trials, timeout_s=args.timeout, compile_workers=args.compile_workers,
                         trial_timeout_s=args.trial_timeout, measure=MeasureSettings(seed=args.seed or 0))
 

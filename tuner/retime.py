@@ -31,6 +31,8 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
                settings: MeasureSettings | None = None,
                compiler: Callable[..., CompileOutcome] = compile_outcome) -> dict[str, Any] | None:
     """Re-time the best ``top_k`` distinct configs plus the default; store and return the winner."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     # every candidate was checked against the reference when its trial ran; here only time matters
     settings = dataclasses.replace(settings or MeasureSettings(), check=False)
     complete = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

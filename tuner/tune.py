@@ -115,7 +115,7 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
     """
     dists = distributions(space)
     summary = TuneSummary()
-    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s else None
+    deadline = time.monotonic() + settings.timeout_s if settings.timeout_s is not None else None
     pending: deque[_Pending] = deque()
     waiting: dict[str, list[Trial]] = {}  # proposed again while pending: settled when the first one finishes
     idle_asks = repeats = 0
