@@ -173,6 +173,19 @@ def test_cli_dispatch_by_suite_lists_what_is_not_covered(studies, storage_url, t
     assert "has no study yet" in capsys.readouterr().err
 
 
+def test_a_study_without_a_successful_trial_is_left_out_with_a_warning(studies, storage_url, tmp_path, capsys):
+    started = open_fake_study(storage_url, f"disp-{FAMILY}-started", load_space(FAMILY), problem("fp16", False, 1024))
+    assert not [t for t in started.get_trials() if t.state.is_finished()]  # only its enqueued default
+    out = tmp_path / "partial.h"
+    assert main(["export", "--dispatch", "--study", f"disp-{FAMILY}-*", "--storage", storage_url, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.count(f"// study disp-{FAMILY}-") == 8  # the finished ones
+    assert f"disp-{FAMILY}-started left out: study 'disp-{FAMILY}-started' has no successful trial" in text
+    assert f"study disp-{FAMILY}-started left out" in capsys.readouterr().err
+    assert main(["export", "--dispatch", "--study", f"disp-{FAMILY}-started", "--storage", storage_url]) == 2
+    assert "error: none of the 1 selected studies can be exported" in capsys.readouterr().err.splitlines()[-1]
+
+
 def test_cli_dispatch_errors(studies, storage_url, capsys):
     assert main(["export", "--dispatch", "--study", "nothing-*", "--storage", storage_url]) == 2
     assert "no flashtune study" in _error(capsys)

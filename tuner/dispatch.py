@@ -189,7 +189,7 @@ def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sou
         "// head_dim and dtype).",
     ]
     if not_covered:
-        lines.append("// Not covered (no finished study, default config used):")
+        lines.append("// Not covered (no study, or one left out; the default config is used):")
         lines += [f"//   {comment_text(n)}" for n in not_covered]
     lines += [
         f"#ifndef {guard}",
@@ -215,11 +215,12 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
     """``flashtune export --dispatch``: the header over the studies a glob ``pattern`` and/or a suite select.
 
     With a suite, its ``storage`` is used unless ``storage_url`` is given; suite problems without
-    a study are listed in the header (they get the default config) and on ``log``.
+    a study, and selected studies that cannot be exported (no successful trial yet, knobs changed
+    since), are listed in the header (their shapes get the default config) and on ``log``.
     """
     import sys
 
-    from .export import choose, load_flashtune_study
+    from .export import ExportError, choose, load_flashtune_study
     from .storage import open_storage
     from .suite import load_suite, select_studies, suite_storage, suite_studies
 
@@ -239,7 +240,15 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
         for slug in not_covered:
             print(f"flashtune export: warning: suite problem {slug} has no study yet; the default config covers it",
                   file=log or sys.stderr)
-    chosen = [choose(load_flashtune_study(storage, name, storage_url)) for name in names]
+    chosen = []
+    for name in names:  # a study still running or made for other knobs is left out, not fatal
+        try:
+            chosen.append(choose(load_flashtune_study(storage, name, storage_url)))
+        except ExportError as e:
+            not_covered.append(f"{name} left out: {e}")
+            print(f"flashtune export: warning: study {name} left out: {e}", file=log or sys.stderr)
+    if not chosen:
+        raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {not_covered[-len(names)]}")
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"
