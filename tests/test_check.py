@@ -66,7 +66,7 @@ def test_every_feasible_config_of_a_huge_space_is_refused_with_what_to_do():
     require_family("sm90")
     with pytest.raises(UsageError, match="too many.*--samples N"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=0)
-    with pytest.raises(UsageError, match="sm90 needs sm_90 or newer, not sm_80: pass --arch 90"):
+    with pytest.raises(UsageError, match="sm90 is built for sm_90a only .*the device is sm_80: pass --arch 90"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(80), samples=2)
     with pytest.raises(UsageError, match="--samples must be"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=-1)

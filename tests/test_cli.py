@@ -237,7 +237,7 @@ def test_check_of_sm90_builds_for_sm_90a_unless_told_an_older_arch(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("sm90 on sm_90 ") and "check passed" in proc.stdout
     proc = flashtune("check", "--family", "sm90", "--arch", "80", "--samples", "1", cwd=tmp_path)
-    assert_one_error_line(proc, "check", "sm90 needs sm_90 or newer, not sm_80: pass --arch 90")
+    assert_one_error_line(proc, "check", "sm90 is built for sm_90a only", "the device is sm_80: pass --arch 90")
 
 
 def test_check_unsupported_head_dim(tmp_path):

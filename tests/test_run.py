@@ -74,3 +74,19 @@ def test_a_gpu_of_another_model_cannot_join_a_study(tmp_path, monkeypatch):
     other = dict(infos[0], name="Other GPU")
     with pytest.raises(UsageError, match="timings do not compare"):
         run_on_gpus(spec, [0], [other])
+
+
+@pytest.mark.parametrize(("family", "arch", "fragment"), [
+    ("sm90", 100, "sm90 is built for sm_90a only (arch-specific instructions); the device is sm_100 (Blackwell stand-in)"
+                  "; families that run there: sm80"),
+    ("sm90", 80, "sm90 is built for sm_90a only"),
+])
+def test_a_family_that_cannot_run_on_the_gpu_is_refused_before_a_study_exists(tmp_path, family, arch, fragment):
+    from dataclasses import replace
+
+    info = {**gpu_infos([0], handler=HANDLER)[0], "arch": arch, "name": "Blackwell stand-in"}
+    spec = replace(_spec(tmp_path), family=family)
+    with pytest.raises(UsageError) as e:
+        prepare_study(spec, info)
+    assert fragment in str(e.value)
+    assert not optuna.get_all_study_summaries(open_storage(spec.storage_url))

@@ -70,6 +70,18 @@ def test_older_arch_than_min_arch_is_infeasible(space):
     assert reason and f"sm_{space.family.min_arch}" in reason
 
 
+def test_a_family_runs_on_the_archs_its_build_allows(space):
+    for arch in KNOWN_ARCHS:
+        reason = space.runs_on(arch)
+        if space.family.arch_suffix:  # arch-specific instructions: that arch only
+            assert (reason is None) == (arch == space.family.min_arch), (arch, reason)
+        else:
+            assert (reason is None) == (arch >= space.family.min_arch), (arch, reason)
+        assert reason is None or f"sm_{arch}" in reason
+        problem = next(_problems(space))
+        assert (space.check(space.defaults(problem.head_dim), problem, limits_for_arch(arch)) == reason) or reason is None
+
+
 def test_unsupported_head_dim_and_dtype_are_reported(space):
     odd = next(d for d in (96, 80, 160, 32, 256) if d not in space.family.head_dims)
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=odd)

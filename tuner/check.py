@@ -90,9 +90,9 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
     unsupported = space.supports(problem)
     if unsupported:
         raise ProblemError(unsupported)
-    if device.arch < space.family.min_arch:
-        raise UsageError(f"{space.name} needs sm_{space.family.min_arch} or newer, not sm_{device.arch}: "
-                         f"pass --arch {space.family.min_arch}")
+    wrong_arch = space.runs_on(device.arch)
+    if wrong_arch:
+        raise UsageError(f"{wrong_arch}: pass --arch {space.family.min_arch}")
     if samples is not None and samples < 0:
         raise UsageError(f"--samples must be 0 (every feasible config) or more, not {samples}")
     rng = random.Random(seed)

@@ -25,7 +25,7 @@ from .errors import UsageError
 from .problem import Problem
 from .progress import Progress
 from .search import make_sampler
-from .space import load_space
+from .space import available_families, load_space
 from .storage import mask_url, open_storage, retrying
 from .tune import TuneSettings, TuneSummary, tune
 from .worker import Worker, WorkerError
@@ -72,8 +72,11 @@ def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
     if unsupported:
         raise UsageError(unsupported)
     device = DeviceLimits.from_info(info)
-    if device.arch < space.family.min_arch:
-        raise UsageError(f"family {space.name} needs sm_{space.family.min_arch}+, GPU {info['name']} is sm_{device.arch}")
+    wrong_arch = space.runs_on(device.arch)
+    if wrong_arch:
+        others = [f for f in available_families() if load_space(f).runs_on(device.arch) is None]
+        raise UsageError(f"{wrong_arch} ({info['name']})"
+                         + (f"; families that run there: {', '.join(others)}" if others else ""))
     storage = open_storage(spec.storage_url)
     name = spec.study_name or st.default_study_name(space, device.arch, str(info["name"]), spec.problem)
     study = st.open_study(storage=storage, name=name, space=space, problem=spec.problem, gpu=info,

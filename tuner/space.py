@@ -185,13 +185,26 @@ class Space:
             env[d.name] = int(d.expr(env))
         return env
 
+    def runs_on(self, arch: int) -> str | None:
+        """Why this family cannot run on a device of compute capability ``arch`` (x10), or None.
+
+        A family built with an arch suffix (``90a``: wgmma, setmaxnreg) runs on that arch only.
+        """
+        if self.family.arch_suffix and arch != self.family.min_arch:
+            return (f"{self.name} is built for sm_{self.family.min_arch}{self.family.arch_suffix} only "
+                    f"(arch-specific instructions); the device is sm_{arch}")
+        if arch < self.family.min_arch:
+            return f"{self.name} needs sm_{self.family.min_arch} or newer, the device is sm_{arch}"
+        return None
+
     def violations(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> list[str]:
         """Every reason ``config`` cannot run ``problem`` on ``device`` (empty when feasible)."""
         unsupported = self.supports(problem)
         if unsupported:
             return [unsupported]
-        if device.arch < self.family.min_arch:
-            return [f"{self.name} needs sm_{self.family.min_arch} or newer, the device is sm_{device.arch}"]
+        wrong_arch = self.runs_on(device.arch)
+        if wrong_arch:
+            return [wrong_arch]
         env = self.environment(config, problem, device)
         return [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
 
