@@ -294,6 +294,12 @@ MALFORMED = {
     "message_uses_unknown_field": (
         lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {smem_limit} B"),
         ["[constraints.smem_fits]", "smem_limit"]),
+    "message_with_positional_field": (
+        lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {} B"),
+        ["[constraints.smem_fits]", "not a valid format string"]),
+    "message_with_bad_format_spec": (
+        lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {smem_per_block_optin:q} B"),
+        ["[constraints.smem_fits]", "not a valid format string"]),
     "constraint_without_message": (lambda t: _replace(t, 'message = "needs', 'mesage = "needs'),
                                    ["[constraints.smem_fits]", "message"]),
     "launch_uses_unknown_name": (lambda t: _replace(t, 'threads = "num_warps * 32"', 'threads = "warps * 32"'),

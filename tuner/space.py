@@ -434,3 +434,8 @@ def _check_message(message: Any, where: str, known: set[str]) -> None:
     fields = set(re.findall(r"{(\w+)", message))
     if fields - known:
         raise SpaceError(f"{where}: message uses unknown name(s) {', '.join(sorted(fields - known))}")
+    try:  # the values are integers: a field like {} or {x:q} would only fail once a config violates it
+        message.format(**{name: 0 for name in known})
+    except (IndexError, KeyError, ValueError) as e:
+        raise SpaceError(f"{where}: message {message!r} is not a valid format string for integer values ({e}); "
+                         "write names as {name}") from None
