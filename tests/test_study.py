@@ -187,6 +187,28 @@ def test_winner_prefers_the_retimed_entry(storage, toy_space, problem):
     assert st.winner(study) == {"config": {"block_m": 32}, "tflops": 1.0, "trial": 3, "source": "retimed"}
 
 
+def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_space, problem):
+    from tuner.search import distributions
+
+    study = _open(storage, toy_space, problem, name="stale")
+    dists = distributions(toy_space)
+
+    def add(value, params, **attrs):
+        study.add_trial(optuna.trial.create_trial(value=value, params=params, distributions=dists, user_attrs=attrs))
+    top, other = toy_space.defaults(), {**toy_space.defaults(), "flag": 1}
+    add(100.0, top)
+    study.set_user_attr("winner", {"config": top, "tflops": 98.0, "trial": 1, "last_trial": 1})
+    assert st.winner(study)["source"] == "retimed"
+    add(90.0, other)
+    assert st.winner(study)["source"] == "retimed"  # a newer but slower trial changes nothing
+    add(150.0, top, **{st.DUPLICATE_OF: 1})
+    assert st.winner(study)["source"] == "retimed"  # nor does a repeat of an older trial
+    add(120.0, other)
+    stale = st.winner(study)
+    assert stale["source"] == "best trial (newer than the winner re-timed at trial 1)"
+    assert stale["tflops"] == 150.0 and stale["trial"] == 3  # the best measured trial; re-timing settles it
+
+
 def test_winner_of_an_empty_study(storage, toy_space, problem):
     assert st.winner(_open(storage, toy_space, problem)) is None
 
