@@ -82,9 +82,9 @@ def static_candidates(space: Space, default: Config, rng: random.Random) -> tupl
 
 def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples: int | None = None, jobs: int = 1,
                 seed: int = 0, out: TextIO | None = None) -> CheckReport:
-    """Check ``family`` for ``problem`` on ``device``'s arch; compile ``samples`` feasible configs and
-    the default (None: every feasible config of a small space, ``AUTO_SAMPLES`` of a larger one;
-    0: every feasible config, refused for a space too large to enumerate)."""
+    """Check ``family`` for ``problem`` on ``device``'s arch; compile ``samples`` feasible configs, the
+    default among them (None: every feasible config of a small space, ``AUTO_SAMPLES`` of a larger
+    one; 0: every feasible config, refused for a space too large to enumerate)."""
     space = load_space(family)
     report = CheckReport(space)
     unsupported = space.supports(problem)

@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", type=int, default=None, choices=KNOWN_ARCHS,
                    help="compute capability x10 (default: the family's oldest, 80 for sm80, 90 for sm90)")
     p.add_argument("--samples", type=int, default=None,
-                   help="compile N sampled feasible configs and the default (0: every feasible config; default: "
+                   help="compile N feasible configs, the default among them (0: every feasible config; default: "
                         "every one of a space small enough to enumerate, else 32)")
     p.add_argument("--jobs", type=int, default=default_compile_workers(), help="parallel compiles")
     p.add_argument("--seed", type=int, default=0)

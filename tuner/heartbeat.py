@@ -11,6 +11,7 @@ keeps taking its worker down should not do so forever).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
@@ -22,9 +23,26 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S", "MAX_REQUEUES", "Heartbeat", "recover_stale", "requeue_stale"]
 
+
+
+def _seconds_from_env(name: str, default: int) -> int:
+    """Whole seconds (Optuna's heartbeat takes integers; 2.5 becomes 3) from ``name``, else ``default``."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = math.ceil(float(text))
+    except ValueError:
+        value = 0
+    if value < 1:
+        warnings.warn(f"{name}={text!r} is not a positive number of seconds; using {default}", stacklevel=2)
+        return default
+    return value
+
+
 # seconds; the environment may shorten them (tests, impatient clusters)
-HEARTBEAT_INTERVAL_S = int(os.environ.get("FLASHTUNE_HEARTBEAT_INTERVAL_S", "10"))
-GRACE_PERIOD_S = int(os.environ.get("FLASHTUNE_GRACE_PERIOD_S", "60"))
+HEARTBEAT_INTERVAL_S = _seconds_from_env("FLASHTUNE_HEARTBEAT_INTERVAL_S", 10)
+GRACE_PERIOD_S = _seconds_from_env("FLASHTUNE_GRACE_PERIOD_S", 60)
 MAX_REQUEUES = 2
 
 REQUEUED_FROM = "requeued_from"
