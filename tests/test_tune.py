@@ -339,3 +339,23 @@ def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
     frozen = _finish(study, trial, commit_then_lose_the_reply, status="ok", attrs={"note": 1}, value=12.5)
     assert (frozen.state, frozen.value, frozen.user_attrs["note"]) == (TrialState.COMPLETE, 12.5, 1)
     assert calls == [f"storing trial {trial.number}"]
+
+
+def test_a_gpu_worker_that_cannot_restart_stops_the_run_without_blaming_the_trial(storage, toy_space, problem, sm80):
+    from tuner.worker import WorkerUnavailable
+
+    class DiesAtSecond(FakeMeasure):
+        def __call__(self, job):
+            if len(self.calls) == 1:
+                self.calls.append(job)
+                raise WorkerUnavailable("worker for GPU 0 could not start: no CUDA-capable device")
+            return super().__call__(job)
+
+    study = make_study(storage, toy_space, problem)
+    with pytest.raises(WorkerUnavailable):
+        tune(study, toy_space, problem, sm80, DiesAtSecond(), settings(6, compile_ahead=1), compiler=fake_compiler)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.user_attrs.get(st.STATUS) in ("launch_error", "crashed", "timeout")]
+    [stopped] = [t for t in trials if t.state == TrialState.FAIL]
+    assert stopped.user_attrs[st.STATUS] == "interrupted"
+    assert [t.user_attrs["requeued_from"] for t in trials if t.state == TrialState.WAITING] == [stopped.number]

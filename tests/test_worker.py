@@ -8,7 +8,7 @@ import pytest
 
 from tuner.jobs import MeasureJob, MeasureResult
 from tuner.problem import Problem
-from tuner.worker import Worker, WorkerCrashed, WorkerError, WorkerTimeout
+from tuner.worker import Worker, WorkerCrashed, WorkerError, WorkerTimeout, WorkerUnavailable
 
 HANDLER = "tests.fakes.fake_gpu"
 
@@ -89,7 +89,9 @@ def test_fatal_error_is_a_launch_error_and_the_process_is_replaced(worker):
 
 def test_non_fatal_error_keeps_the_same_process(worker):
     first_pid = worker.call("pid")
+    start = time.monotonic()
     result = worker.measure(job("error"), timeout_s=30)
+    assert time.monotonic() - start < 1.5  # answered at once: no wait for an exit that does not come
     assert result.status == "launch_error"
     assert "ValueError: handler refused the job" in result.detail
     with pytest.raises(WorkerError, match="handler refused") as info:
@@ -109,8 +111,10 @@ def test_unknown_function_is_a_worker_error(worker):
 def test_setup_failure_raises_worker_error_at_start():
     w = Worker(handler="tests.fakes.fake_gpu_bad_setup", startup_timeout_s=60)
     try:
-        with pytest.raises(WorkerError, match="no CUDA-capable device 0"):
+        with pytest.raises(WorkerUnavailable, match="no CUDA-capable device 0"):
             w.call("run_job", job("ok"))
+        with pytest.raises(WorkerUnavailable, match="no CUDA-capable device 0"):  # not the job's fault: no result
+            w.measure(job("ok"))
     finally:
         w.close()
 
@@ -127,7 +131,7 @@ def test_unimportable_handler_raises_worker_error():
 def test_handler_that_dies_while_starting_raises_worker_crashed():
     w = Worker(handler="tests.fakes.fake_gpu_exit_setup", startup_timeout_s=60)
     try:
-        with pytest.raises(WorkerCrashed, match="exit code 7"):
+        with pytest.raises(WorkerUnavailable, match="died while starting.*exit code 7"):
             w.call("pid")
     finally:
         w.close()

@@ -88,29 +88,33 @@ def _cupy_dtype(x) -> str:
 
 
 def _as_cupy(x):
-    """(CuPy view with a contiguous last dimension, dtype name)."""
+    """(CuPy view the kernels can address, dtype name). An input they cannot address is copied
+    first, on the stream of its own library, which is the stream the kernel is launched on."""
     import cupy
 
     if _is_torch(x):
-        if x.dim() == 4 and x.stride(3) != 1:
-            x = x.contiguous()
+        if x.dim() == 4 and not _kernel_addressable(x.data_ptr(), [s * x.element_size() for s in x.stride()],
+                                                    x.element_size()):
+            import torch
+
+            x = x.clone(memory_format=torch.contiguous_format)
         x, dtype = _torch_to_cupy(x)
     elif isinstance(x, cupy.ndarray):
         dtype = _cupy_dtype(x)
         if x.dtype != cupy.float16:
             x = x.view(cupy.uint16)
+        if x.ndim == 4 and not _kernel_addressable(x.data.ptr, x.strides, x.itemsize):
+            x = x.copy()  # a fresh, C-contiguous, aligned array (ascontiguousarray keeps a contiguous one as is)
     else:
         raise AttentionError(f"inputs must be CuPy arrays or PyTorch tensors, got {type(x).__name__}")
-    if x.ndim == 4 and not _kernel_addressable(x):
-        x = cupy.ascontiguousarray(x)
     return x, dtype
 
 
-def _kernel_addressable(x) -> bool:
+def _kernel_addressable(ptr: int, strides_bytes, itemsize: int) -> bool:
     """What every family's 16-byte loads (cp.async, TMA) need: a contiguous last dimension, a 16-byte
     aligned base and row/head/batch strides that are multiples of 16 bytes. Otherwise a copy is made."""
-    return (x.strides[3] == x.itemsize and x.data.ptr % 16 == 0
-            and all(stride % 16 == 0 for stride in x.strides[:3]))
+    return (strides_bytes[3] == itemsize and ptr % 16 == 0
+            and all(stride % 16 == 0 for stride in strides_bytes[:3]))
 
 
 def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:

@@ -12,8 +12,11 @@ __all__ = ["MeasureJob", "MeasureResult", "MeasureSettings", "Status", "TOLERANC
 #: Outcome of a measurement. Anything but "ok" makes the trial infeasible.
 Status = Literal["ok", "wrong_result", "launch_error", "timeout", "crashed"]
 
-#: dtype -> (max relative L2 error of O, max abs error of LSE) against a float32 reference
-TOLERANCES = {"fp16": (4e-3, 2e-2), "bf16": (2e-2, 5e-2)}
+#: dtype -> (max relative L2 error of O, max abs error of LSE) against a float32 reference. A correct
+#: kernel's errors, simulated with the rounding of its inputs, P and O: O about 3e-4 (fp16) and 2.3e-3
+#: (bf16), LSE below 2e-5 (1.03e-4 with poly_exp's polynomial); one key dropped from a row of 8192
+#: gives LSE 1.1e-3 (its O error, 8.6e-3 in bf16, hides among the rounding). Not yet measured on a GPU.
+TOLERANCES = {"fp16": (2e-3, 1e-3), "bf16": (1e-2, 1e-3)}
 
 
 @dataclass(frozen=True, kw_only=True)

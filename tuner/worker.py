@@ -22,7 +22,7 @@ from typing import Any
 from .errors import FlashtuneError
 from .jobs import MeasureJob, MeasureResult
 
-__all__ = ["Worker", "WorkerCrashed", "WorkerError", "WorkerTimeout"]
+__all__ = ["Worker", "WorkerCrashed", "WorkerError", "WorkerTimeout", "WorkerUnavailable"]
 
 
 class WorkerError(FlashtuneError, RuntimeError):
@@ -35,6 +35,11 @@ class WorkerTimeout(WorkerError):
 
 class WorkerCrashed(WorkerError):
     """The worker process died during the call."""
+
+
+class WorkerUnavailable(WorkerError):
+    """No worker process could be started (or restarted): the GPU is unusable, not the job at fault.
+    :meth:`Worker.measure` raises it instead of blaming the trial in hand."""
 
 
 @dataclass
@@ -71,15 +76,16 @@ class Worker:
         if not parent_conn.poll(self.startup_timeout_s):
             process.kill()
             process.join()
-            raise WorkerTimeout(f"worker for GPU {self.device} did not start within {self.startup_timeout_s:.0f} s")
+            raise WorkerUnavailable(f"worker for GPU {self.device} did not start within {self.startup_timeout_s:.0f} s")
         try:
             kind, payload = parent_conn.recv()
         except EOFError:
             process.join()
-            raise WorkerCrashed(f"worker for GPU {self.device} died while starting (exit code {process.exitcode})") from None
+            raise WorkerUnavailable(f"worker for GPU {self.device} died while starting (exit code {process.exitcode})"
+                                    ) from None
         if kind != "ready":
             process.join()
-            raise WorkerError(f"worker for GPU {self.device} could not start: {payload}")
+            raise WorkerUnavailable(f"worker for GPU {self.device} could not start: {payload}")
         self._child = _Child(process, parent_conn)
         self._started += 1
         return self._child
@@ -124,28 +130,25 @@ class Worker:
             code = child.process.exitcode
             self._reap()
             raise WorkerCrashed(f"worker died during {function} (exit code {code})") from None
-        if kind == "error":
-            if not child.process.is_alive() or _exits_after(child):
-                self._reap()
+        if kind == "fatal":  # the child exits after a fatal error: do not wait for it
+            self._reap()
+        if kind in ("error", "fatal"):
             raise WorkerError(payload)
         return payload
 
     def measure(self, job: MeasureJob, *, timeout_s: float = 120.0) -> MeasureResult:
-        """Run a measurement job; a hang, a crash or a CUDA error becomes a result, never an exception."""
+        """Run a measurement job; a hang, a crash or a CUDA error becomes the job's result. Only a
+        worker that cannot be started raises (:class:`WorkerUnavailable`): that is not the job's fault."""
         try:
             return self.call("run_job", job, timeout_s=timeout_s)
+        except WorkerUnavailable:
+            raise
         except WorkerTimeout as e:
             return MeasureResult(status="timeout", detail=str(e))
         except WorkerCrashed as e:
             return MeasureResult(status="crashed", detail=str(e))
         except WorkerError as e:
             return MeasureResult(status="launch_error", detail=str(e)[:500])
-
-
-def _exits_after(child: _Child, wait_s: float = 2.0) -> bool:
-    """True when a child that reported a fatal error has exited (it does so on purpose)."""
-    child.process.join(timeout=wait_s)
-    return not child.process.is_alive()
 
 
 def _serve(conn: Connection, handler: str, device: int, parent_pid: int) -> None:
@@ -174,8 +177,9 @@ def _serve(conn: Connection, handler: str, device: int, parent_pid: int) -> None
             result = getattr(module, function)(argument)
         except BaseException as e:  # noqa: BLE001
             lines = traceback.format_exception_only(type(e), e)
-            conn.send(("error", "".join(lines).strip()))
-            if is_fatal(e):
+            fatal = is_fatal(e)
+            conn.send(("fatal" if fatal else "error", "".join(lines).strip()))
+            if fatal:
                 time.sleep(0.05)
                 os._exit(3)
             continue

@@ -174,3 +174,43 @@ def test_misaligned_views_are_copied_not_misread(family):
     o, lse = tuner.attention(view, k, v, family=family, return_lse=True)
     cupy.cuda.Device().synchronize()
     check(problem, q, k, v, o, lse)
+
+
+def test_a_contiguous_but_misaligned_array_is_copied(family):
+    """A C-contiguous array whose base is not 16-byte aligned (an offset into a larger buffer)."""
+    import cupy
+
+    from tuner.gpu.tensors import random_inputs
+
+    problem = _problem(SHAPES[0], "fp16", False)
+    q, k, v = random_inputs(problem, seed=5)
+    flat = cupy.zeros(q.size + 1, dtype=q.dtype)
+    shifted = flat[1:].reshape(q.shape)  # 2 bytes past an aligned base
+    shifted[...] = q
+    assert shifted.flags.c_contiguous and shifted.data.ptr % 16 != 0
+    o, lse = tuner.attention(shifted, k, v, family=family, return_lse=True)
+    cupy.cuda.Device().synchronize()
+    check(problem, q, k, v, o, lse)
+
+
+def test_torch_inputs_copied_on_the_callers_stream(family):
+    """A misaligned PyTorch view is copied by PyTorch on the caller's (non-default) stream, before the kernel."""
+    import torch
+
+    problem = _problem(SHAPES[1], "bf16", True)
+    b, n, h, d = problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        padded = torch.randn(b, n, h, d + 8, device="cuda", dtype=torch.bfloat16)
+        q = padded[..., 1:d + 1]  # last dimension contiguous, base 2 bytes off
+        k = torch.randn(b, problem.seqlen_k, problem.heads_kv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        o = tuner.attention(q, k, v, causal=True, family=family)
+    stream.synchronize()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float().transpose(1, 2).repeat_interleave(h // problem.heads_kv, 1),
+        v.float().transpose(1, 2).repeat_interleave(h // problem.heads_kv, 1),
+        attn_mask=torch.ones(n, problem.seqlen_k, device="cuda", dtype=torch.bool).tril(problem.seqlen_k - n),
+    ).transpose(1, 2)
+    rel = float((o.float() - ref).norm() / ref.norm())
+    assert rel <= TOLERANCES["bf16"][0], rel

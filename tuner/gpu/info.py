@@ -7,15 +7,18 @@ import cupy
 __all__ = ["gpu_info"]
 
 
-def _clocks(index: int) -> dict[str, int]:
-    """SM and memory clocks in MHz through NVML, when nvidia-ml-py is installed (else empty)."""
+def _clocks(pci_bus_id: str) -> dict[str, int]:
+    """SM and memory clocks in MHz through NVML, when nvidia-ml-py is installed (else empty).
+
+    The device is found by its PCI bus id: NVML numbers GPUs without CUDA_VISIBLE_DEVICES.
+    """
     try:
         import pynvml
     except ImportError:
         return {}
     try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode())
         driver = pynvml.nvmlSystemGetDriverVersion()
         return {
             "driver_version": driver.decode() if isinstance(driver, bytes) else str(driver),
@@ -43,6 +46,6 @@ def gpu_info() -> dict[str, object]:
         "driver": f"{driver // 1000}.{driver % 1000 // 10}",  # the CUDA version the driver supports
         "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
         "cupy": cupy.__version__,
-        **_clocks(device.id),
+        **_clocks(device.pci_bus_id),
     }
 

@@ -12,23 +12,26 @@ def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     return max(0, seqlen_q - seqlen_k) if causal else 0
 
 
-def reference_head(q, k, v, softmax_scale: float, causal: bool, *, chunk_rows: int = 2048):
-    """O (fp32, [Nq, D]) and natural-log LSE (fp32, [Nq]) for 2-D fp32 q [Nq, D], k and v [Nk, D].
+def reference_head(q, k, v, softmax_scale: float, causal: bool, *, rows=None, chunk_rows: int = 2048):
+    """O (fp32, [R, D]) and natural-log LSE (fp32, [R]) for 2-D fp32 q [Nq, D], k and v [Nk, D]:
+    every query row (R = Nq), or only the query rows whose indices ``rows`` lists, in its order.
 
     Pass the 16-bit inputs upcast to fp32; products accumulate in fp32 (no TF32).
     Rows that see no key get O = 0 and LSE = -inf.
     """
-    qf, kf, vf = (cupy.ascontiguousarray(x, dtype=cupy.float32) for x in (q, k, v))
-    seqlen_q, seqlen_k = qf.shape[0], kf.shape[0]
-    out = cupy.empty((seqlen_q, vf.shape[1]), dtype=cupy.float32)
-    lse = cupy.empty((seqlen_q,), dtype=cupy.float32)
+    seqlen_q = q.shape[0]
+    row_ids = cupy.arange(seqlen_q) if rows is None else cupy.asarray(rows)
+    qf = cupy.ascontiguousarray(q if rows is None else q[row_ids], dtype=cupy.float32)
+    kf, vf = (cupy.ascontiguousarray(x, dtype=cupy.float32) for x in (k, v))
+    n_rows, seqlen_k = qf.shape[0], kf.shape[0]
+    out = cupy.empty((n_rows, vf.shape[1]), dtype=cupy.float32)
+    lse = cupy.empty((n_rows,), dtype=cupy.float32)
     cols = cupy.arange(seqlen_k)[None, :]
-    for r0 in range(0, seqlen_q, chunk_rows):
-        r1 = min(seqlen_q, r0 + chunk_rows)
+    for r0 in range(0, n_rows, chunk_rows):
+        r1 = min(n_rows, r0 + chunk_rows)
         s = (qf[r0:r1] @ kf.T) * cupy.float32(softmax_scale)
-        if causal:
-            rows = cupy.arange(r0, r1)[:, None]
-            s = cupy.where(cols <= rows + (seqlen_k - seqlen_q), s, -cupy.inf)
+        if causal:  # bottom-right aligned: row i sees keys j <= i + Nk - Nq
+            s = cupy.where(cols <= row_ids[r0:r1, None] + (seqlen_k - seqlen_q), s, -cupy.inf)
         m = s.max(axis=1, keepdims=True)
         safe_m = cupy.where(cupy.isfinite(m), m, 0.0)
         p = cupy.exp(s - safe_m)
