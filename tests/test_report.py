@@ -151,6 +151,21 @@ def test_stale_space_still_reports_with_a_note(storage_url):
     assert "knobs of" in html.unescape(page)
 
 
+def test_a_stale_retimed_winner_is_not_shown_as_the_winner(storage_url):
+    from tuner.search import distributions
+
+    study = make_study(storage_url, "stale-winner", FAMILY, PROBLEM, n_trials=10, failures=False)
+    assert study_data(study).winner is not None
+    best = max((t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    study.add_trial(optuna.trial.create_trial(value=best.value * 4, params=best.params,
+                                              distributions=distributions(load_space(FAMILY))))
+    data = study_data(study)
+    newest = max(t.number for t in study.get_trials())
+    assert data.winner is None
+    assert any(f"is stale: trial {newest} measured faster" in n for n in data.notes)
+    assert "is stale" in html.unescape(render_report(studies=[study], storage_url=storage_url))
+
+
 # -- the page -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def page(study, storage_url) -> str:

@@ -164,6 +164,16 @@ def study_data(study: optuna.Study) -> StudyData:
             duplicate_of=_int(duplicate) if duplicate is not None else None,
         ))
     winner = attrs.get("winner") if isinstance(attrs.get("winner"), dict) else None
+    if winner is not None:
+        try:
+            resolved = st.winner(study)
+        except (TypeError, ValueError):
+            resolved = None
+        if resolved is None or resolved.get("source") != "retimed":  # stale: best/export serve another trial
+            notes.append(f"the re-timed winner (trial {winner.get('trial')}) is stale: trial "
+                         f"{resolved.get('trial') if resolved else '?'} measured faster after it was re-timed; "
+                         "`flashtune best` and `export` serve that trial until the study is re-timed")
+            winner = None
     return StudyData(name=study.study_name, family=family, problem=problem, gpu_name=str(gpu.get("name", "?")),
                      knobs=knobs, knob_values=knob_values, knob_help=knob_help, rows=tuple(rows), winner=winner,
                      space=space, notes=tuple(notes))
