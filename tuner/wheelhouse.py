@@ -13,6 +13,7 @@ where CuPy and NumPy are installed), which keeps the copy small.
 from __future__ import annotations
 
 import argparse
+import platform
 import re
 import subprocess
 import sys
@@ -30,8 +31,28 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def marker_mismatches(python_version: str, platforms: tuple[str, ...]) -> list[str]:
+    """Where this machine differs from the node in what pip's dependency markers test.
+
+    ``pip download --python-version/--platform`` picks wheels for the node, but evaluates markers
+    such as ``python_version < "3.13"`` or ``sys_platform == "win32"`` for the interpreter running
+    it, so a conditional dependency can be missed or added.
+    """
+    out = []
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here != python_version:
+        out.append(f"this Python is {here}, the node's {python_version}")
+    if all("x86_64" in p for p in platforms) and (sys.platform != "linux" or platform.machine() != "x86_64"):
+        out.append(f"this machine is {sys.platform} {platform.machine()}, the node Linux x86_64")
+    return out
+
+
 def build_wheelhouse(dest: Path, *, python_version: str = "3.12", platforms: tuple[str, ...] = PLATFORMS,
                      skip: tuple[str, ...] = (), extras: str = "") -> list[Path]:
+    for mismatch in marker_mismatches(python_version, platforms):
+        print(f"warning: {mismatch}: pip evaluates dependency markers for this machine, so a dependency that is "
+              "conditional on the Python version or platform may be missed; build with the node's Python on "
+              "Linux x86_64 to be sure", file=sys.stderr)
     if REPO_ROOT is None:
         raise SystemExit("run this from a flashtune checkout (it builds the wheel from the source tree)")
     dest.mkdir(parents=True, exist_ok=True)
