@@ -152,7 +152,8 @@ def set_winner(study: optuna.Study, space: Space, problem: Problem) -> dict[str,
         "default_latency_ms": default_latency, "speedup_over_default": default_latency / latency, "rounds": 3,
         "candidates": [{"trial": best.number, "latency_ms": latency, "tflops": tflops},
                        {"trial": default.number, "latency_ms": default_latency, "tflops": default.value * 0.98}],
-        "date": "2025-01-02T03:04:05+00:00", "last_trial": max(t.number for t in study.get_trials()),
+        "date": "2025-01-02T03:04:05+00:00",
+        "seen_trials": sorted(t.number for t in study.get_trials(states=(TrialState.COMPLETE,))),
     }
     study.set_user_attr("winner", entry)
     return entry

@@ -21,3 +21,22 @@ def test_an_unusable_value_warns_and_keeps_the_default(monkeypatch, text):
     monkeypatch.setenv("FLASHTUNE_GRACE_PERIOD_S", text)
     with pytest.warns(UserWarning, match="FLASHTUNE_GRACE_PERIOD_S.*not a positive number of seconds; using 60"):
         assert _seconds_from_env("FLASHTUNE_GRACE_PERIOD_S", 60) == 60
+
+
+def test_an_enqueued_config_whose_worker_died_while_drawing_it_is_enqueued_again(tmp_path):
+    import optuna
+
+    from tests.fake_studies import open_fake_study
+    from tuner.heartbeat import requeue_stale
+    from tuner.problem import Problem
+    from tuner.space import load_space
+
+    space = load_space("sm80")
+    study = open_fake_study(f"sqlite:///{tmp_path}/s.db", "s", space, Problem(batch=1, seqlen_q=128, heads_q=2,
+                                                                             head_dim=64))
+    trial = study.ask()  # the enqueued default, not drawn yet: its params are empty
+    assert not trial.params
+    frozen = study._storage.get_trial(trial._trial_id)
+    requeue_stale(study, frozen)
+    [again] = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.WAITING]
+    assert again.system_attrs["fixed_params"] == space.defaults(64) and again.user_attrs["is_default"]

@@ -115,6 +115,9 @@ def test_postgres_without_driver_is_a_storage_error(monkeypatch):
         ("postgresql://user@host/db", "postgresql://user@host/db"),
         ("sqlite:///studies/flashtune.db", "sqlite:///studies/flashtune.db"),
         ("no url at all", "<unparsable storage URL>"),
+        ("postgresql+psycopg://u@h/db?password=secret&sslmode=require",
+         "postgresql+psycopg://u@h/db?password=***&sslmode=require"),
+        ("postgresql://u@h/db?sslpassword=k&PASSFILE=/p", "postgresql://u@h/db?PASSFILE=***&sslpassword=***"),
     ],
 )
 def test_mask_url(url, masked):

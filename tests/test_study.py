@@ -197,7 +197,7 @@ def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_s
         study.add_trial(optuna.trial.create_trial(value=value, params=params, distributions=dists, user_attrs=attrs))
     top, other = toy_space.defaults(), {**toy_space.defaults(), "flag": 1}
     add(100.0, top)
-    study.set_user_attr("winner", {"config": top, "tflops": 98.0, "trial": 1, "last_trial": 1})
+    study.set_user_attr("winner", {"config": top, "tflops": 98.0, "trial": 1, "seen_trials": [1]})
     assert st.winner(study)["source"] == "retimed"
     add(90.0, other)
     assert st.winner(study)["source"] == "retimed"  # a newer but slower trial changes nothing

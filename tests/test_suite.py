@@ -167,6 +167,12 @@ def test_is_finished_needs_the_trial_target_and_a_winner(tmp_path):
     assert not is_finished(storage, "no-winner", 1)
     assert not is_finished(storage, "absent", 1)
 
+    done = optuna.load_study(study_name="done", storage=storage)  # a faster trial after the re-timing
+    best = max((t for t in done.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    done.add_trial(optuna.trial.create_trial(value=best.value * 3, params=best.params, distributions=best.distributions,
+                                             user_attrs={"status": "ok"}))
+    assert not is_finished(storage, "done", 3)  # the stale winner is re-timed on the next run
+
 
 # -- flashtune tune --suite ------------------------------------------------------------------------
 @pytest.fixture

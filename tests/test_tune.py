@@ -359,3 +359,45 @@ def test_a_gpu_worker_that_cannot_restart_stops_the_run_without_blaming_the_tria
     [stopped] = [t for t in trials if t.state == TrialState.FAIL]
     assert stopped.user_attrs[st.STATUS] == "interrupted"
     assert [t.user_attrs["requeued_from"] for t in trials if t.state == TrialState.WAITING] == [stopped.number]
+
+
+def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(storage, toy_space, problem, sm80,
+                                                                          monkeypatch):
+    import tuner.tune as tune_mod
+
+    def interrupted_draw(trial, dists):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tune_mod, "_draw", interrupted_draw)
+    study = make_study(storage, toy_space, problem)
+    with pytest.raises(KeyboardInterrupt):
+        tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    [failed] = [t for t in trials if t.state == TrialState.FAIL]
+    [again] = [t for t in trials if t.state == TrialState.WAITING]
+    assert failed.user_attrs[st.STATUS] == "interrupted" and failed.user_attrs.get(st.IS_DEFAULT)
+    assert again.user_attrs.get(st.IS_DEFAULT) and again.user_attrs["requeued_from"] == failed.number
+    assert again.system_attrs["fixed_params"] == toy_space.defaults()
+
+
+def test_stopping_does_not_enqueue_again_a_trial_another_tuner_already_failed(storage, toy_space, problem):
+    import functools
+
+    from tuner.heartbeat import REQUEUE_COUNT
+    from tuner.storage import retrying
+    from tuner.tune import _stop_cleanly
+
+    study = make_study(storage, toy_space, problem)
+    call = functools.partial(retrying, attempts=1)
+    taken = study.ask()  # the enqueued default
+    study.tell(taken, state=TrialState.FAIL)  # failed as stale by another tuner (which enqueued it again itself)
+    _stop_cleanly(study, [(taken, None, True)], call)
+    assert not [t for t in study.get_trials() if t.state == TrialState.WAITING]
+
+    from tuner.search import distributions
+
+    mine = study.ask(distributions(toy_space))
+    study._storage.set_trial_user_attr(mine._trial_id, REQUEUE_COUNT, 1)
+    _stop_cleanly(study, [(mine, dict(mine.params), True)], call)
+    [again] = [t for t in study.get_trials() if t.state == TrialState.WAITING]
+    assert again.user_attrs[REQUEUE_COUNT] == 1  # kept: a config that keeps killing workers still runs out

@@ -53,25 +53,27 @@ REQUEUE_REASON = "requeue_reason"
 def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     """Storage callback for a trial just failed as stale: enqueue its config again, with the reason."""
     count = int(trial.user_attrs.get(REQUEUE_COUNT, 0))
-    if count >= MAX_REQUEUES or not _all_knobs_drawn(study, trial):
-        return  # a config that keeps killing its worker, or a trial cut short while drawing: the sampler goes on
+    # an enqueued config (the default, say) is known even when its worker died while drawing it
+    params = trial.params if _all_knobs_drawn(study, trial.params) else trial.system_attrs.get("fixed_params")
+    if count >= MAX_REQUEUES or not params or not _all_knobs_drawn(study, params):
+        return  # a config that keeps killing its worker, or a sampled trial cut short while drawing: the sampler goes on
     grace = GRACE_PERIOD_S
-    study.enqueue_trial(trial.params, user_attrs={
+    study.enqueue_trial(dict(params), user_attrs={
         REQUEUED_FROM: trial.number,
         REQUEUE_COUNT: count + 1,
         REQUEUE_REASON: f"trial {trial.number} lost its worker (no heartbeat for {grace} s)",
-        **{k: v for k, v in trial.user_attrs.items() if k == "is_default"},
+        **{k: v for k, v in trial.user_attrs.items() if k in ("is_default", "exploration")},
     }, skip_if_exists=False)
 
 
-def _all_knobs_drawn(study: optuna.Study, trial: FrozenTrial) -> bool:
+def _all_knobs_drawn(study: optuna.Study, params: dict | None) -> bool:
     from .space import SpaceError, load_space
 
     try:
         knobs = {k.name for k in load_space(study.user_attrs["family"]).knobs}
     except (KeyError, SpaceError):
         return False
-    return bool(trial.params) and knobs <= set(trial.params)
+    return bool(params) and knobs <= set(params)
 
 
 def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> int:

@@ -74,7 +74,8 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
         "default_latency_ms": default_ms,
         "speedup_over_default": (default_ms / timed[best_key]) if default_ms else None,
         "rounds": rounds,
-        "last_trial": max(t.number for t in complete),  # a later, faster trial makes this winner stale
+        # a faster trial completed after this re-timing makes the winner stale (study.winner)
+        "seen_trials": sorted(t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
         "candidates": [{"trial": candidates[k][0], "latency_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12}
                        for k, ms in sorted(timed.items(), key=lambda kv: kv[1])],
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -28,10 +28,16 @@ class StorageError(FlashtuneError, RuntimeError):
     """The storage URL is malformed, unreachable, or points at something that is not an Optuna database."""
 
 
+_SECRET_QUERY_KEYS = ("password", "passfile", "sslpassword")  # libpq/psycopg also take these as URL query keys
+
+
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, for logs, reports and headers."""
+    """The URL with any password (``user:pw@`` or ``?password=pw``) replaced by ``***``, for logs,
+    reports and headers."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        secret = {k: "***" for k in parsed.query if k.lower() in _SECRET_QUERY_KEYS}
+        return parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except (ArgumentError, ValueError):
         return "<unparsable storage URL>"
 

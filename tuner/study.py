@@ -142,15 +142,16 @@ def study_problem(study: optuna.Study) -> Problem:
 def winner(study: optuna.Study) -> dict[str, Any] | None:
     """The re-timed winner, else the best measured trial, as a plain dict.
 
-    A trial finished after the re-timing (``last_trial`` of the stored winner) that measured
-    faster than the winner re-timed makes the winner stale: then the best trial is returned,
-    with ``source`` saying so (re-timing again settles it).
+    A trial that was not COMPLETE when the winner was re-timed (``seen_trials`` of the stored
+    winner) and measured faster than the winner re-timed makes the winner stale: then the best
+    trial is returned, with ``source`` saying so (re-timing again settles it).
     """
     stored = study.user_attrs.get("winner")
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     if stored and not isinstance(stored, dict):
         return dict(stored, source="retimed")  # malformed: raises, and the caller says so
-    newer = [t for t in complete if stored and t.number > stored.get("last_trial", t.number)
+    seen = set(stored.get("seen_trials", ())) if stored else set()
+    newer = [t for t in complete if stored and "seen_trials" in stored and t.number not in seen
              and DUPLICATE_OF not in t.user_attrs]  # a repeat only copies an older trial's figure
     if stored and not any(t.value > stored.get("tflops", 0.0) for t in newer):
         return dict(stored, source="retimed")

@@ -196,7 +196,8 @@ def is_finished(storage: optuna.storages.BaseStorage, name: str, n_trials: int |
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return False
-    if not study.user_attrs.get("winner"):
+    won = st.winner(study) if study.user_attrs.get("winner") else None
+    if not won or won.get("source") != "retimed":  # none yet, or a faster trial came after it: re-time
         return False
     if n_trials is None:
         return False

@@ -8,10 +8,14 @@ to Optuna as PRUNED with its reason, so the sampler learns to avoid it and the s
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import multiprocessing as mp
 import os
 import random
+import signal
+import sys
+import threading
 import time
 import warnings
 from collections import deque
@@ -25,7 +29,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from . import study as st
 from .compile import CompiledKernel, CompileError, compile_config
 from .devices import DeviceLimits
-from .heartbeat import HEARTBEAT_INTERVAL_S, REQUEUE_REASON, REQUEUED_FROM, Heartbeat, recover_stale
+from .heartbeat import HEARTBEAT_INTERVAL_S, REQUEUE_COUNT, REQUEUE_REASON, REQUEUED_FROM, Heartbeat, recover_stale
 from .jobs import MeasureJob, MeasureResult, MeasureSettings
 from .problem import Problem
 from .search import distributions
@@ -118,8 +122,9 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
     deadline = time.monotonic() + settings.timeout_s if settings.timeout_s is not None else None
     pending: deque[_Pending] = deque()
     waiting: dict[str, list[Trial]] = {}  # proposed again while pending: settled when the first one finishes
+    in_hand: Trial | None = None  # asked, not yet pending or told: an interruption fails it too
     idle_asks = repeats = 0
-    rng = random.Random(settings.measure.seed)
+    rng = random.Random(f"{settings.measure.seed}-{os.getpid()}")  # processes on one study explore apart
     storage_call = functools.partial(retrying, attempts=settings.storage_retries,
                                      first_delay_s=settings.storage_retry_delay_s)
     pool = _compile_pool(settings)
@@ -152,23 +157,26 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                 while len(pending) < settings.compile_ahead and budget_left() and idle_asks < settings.max_idle_asks:
                     # beat before the parameters are drawn: a process killed from here on leaves a trial
                     # that recovery can see (no beat yet: its parameters are incomplete, see recover_stale)
-                    trial = storage_call(study.ask, what="asking for a trial")
+                    trial = in_hand = storage_call(study.ask, what="asking for a trial")
                     heartbeat.hold(trial)
                     state.running += 1
                     config = space.validate(storage_call(lambda: _draw(trial, dists), what="drawing parameters"))
                     key = config_key(config)
                     if key in state.seen:
                         _finish_duplicate(study, trial, state.seen[key], storage_call)
+                        in_hand = None
                         summary.duplicates += 1
                         idle_asks += 1
                         repeats += 1
                     elif any(config_key(p.config) == key for p in pending):
                         waiting.setdefault(key, []).append(trial)
+                        in_hand = None
                         summary.duplicates += 1
                         idle_asks += 1
                         continue
                     elif (reason := space.check(config, problem, device)) is not None:
                         state.seen[key] = _finish(study, trial, storage_call, status="infeasible", reason=reason)
+                        in_hand = None
                         summary.infeasible += 1
                         idle_asks += 1
                         repeats += 1
@@ -182,12 +190,13 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
                             pool = _compile_pool(settings)
                             future = pool.submit(compiler, str(space.path), config, problem, device)
                         pending.append(_Pending(trial, config, future, time.monotonic()))
+                        in_hand = None
                         continue
                     heartbeat.release(trial)
                     state.running -= 1
                     if repeats >= settings.explore_after_idle:
                         # a converged sampler, or one lost in the infeasible part of the space: widen the search
-                        taken = state.seen.keys() | {config_key(p.config) for p in pending}
+                        taken = state.seen.keys() | state.running_elsewhere | {config_key(p.config) for p in pending}
                         unseen = _unseen_feasible(space, problem, device, taken, rng)
                         if unseen is not None:
                             storage_call(lambda: study.enqueue_trial(unseen, user_attrs={st.EXPLORATION: True}),
@@ -216,30 +225,70 @@ def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimi
         finally:
             for item in pending:
                 item.future.cancel()
-            for trial in [item.trial for item in pending] + [t for dups in waiting.values() for t in dups]:
-                try:  # interrupted: leave nothing RUNNING
-                    _finish(study, trial, storage_call, status="interrupted", reason="the tuner stopped",
-                            state=TrialState.FAIL)
-                except Exception:  # noqa: BLE001 - the storage is gone; the heartbeat lets others recover it
-                    pass
-            for item in pending:  # their configs were drawn but not measured: the next run measures them
-                try:
-                    _requeue_interrupted(study, item)
-                except Exception:  # noqa: BLE001 - the storage is gone; the sampler will propose again
-                    pass
+            held: list[tuple[Trial, Config | None, bool]] = [(item.trial, item.config, True) for item in pending]
+            held += [(t, None, False) for ts in waiting.values() for t in ts]  # their config is pending above
+            if in_hand is not None:  # an enqueued config (the default, say) is known before it is drawn
+                held.append((in_hand, None, True))
+            cleanup_call = functools.partial(retrying, attempts=3, first_delay_s=settings.storage_retry_delay_s)
+            with _ctrl_c_deferred():
+                _stop_cleanly(study, held, cleanup_call)
             pool.shutdown(wait=False, cancel_futures=True)
     storage_call(lambda: state.refresh(study), what="reading the study")
     report("done")
     return summary
 
 
-def _requeue_interrupted(study: optuna.Study, item: _Pending) -> None:
+def _stop_cleanly(study: optuna.Study, held: list[tuple[Trial, Config | None, bool]],
+                  storage_call: Callable[..., Any]) -> None:
+    """Fail every trial this tuner holds as interrupted, and enqueue again, right after its trial is
+    failed, each config that was drawn but not measured (``(trial, config, requeue)``; config None
+    with requeue: the trial's enqueued config, if it had one). Nothing is left RUNNING and nothing
+    drawn is lost; a trial another tuner already failed (as stale) is left to that tuner's recovery,
+    which enqueued it again itself."""
+    for trial, config, requeue in held:
+        try:
+            if requeue and config is None:
+                config = study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params")
+            frozen = _finish(study, trial, storage_call, status="interrupted", reason="the tuner stopped",
+                             state=TrialState.FAIL)
+            if requeue and config is not None and frozen.user_attrs.get(st.STATUS) == "interrupted":
+                storage_call(lambda: _requeue_interrupted(study, frozen, config),
+                             what=f"enqueuing trial {trial.number}'s config again")
+        except Exception:  # noqa: BLE001 - the storage is gone: the heartbeat lets others recover it
+            pass
+
+
+def _requeue_interrupted(study: optuna.Study, trial: FrozenTrial, config: Config) -> None:
     """Enqueue the config of a trial the tuner stopped before measuring, keeping its role (the
-    default config stays the default, so the study still shows its speedup over it)."""
-    kept = {k: v for k, v in item.trial.user_attrs.items() if k in (st.IS_DEFAULT, st.EXPLORATION)}
-    study.enqueue_trial(item.config, user_attrs={
-        REQUEUED_FROM: item.trial.number, REQUEUE_REASON: f"trial {item.trial.number} was interrupted", **kept,
+    default config stays the default, so the study still shows its speedup over it) and its count
+    of re-enqueues after lost workers (so a config that keeps killing them still runs out)."""
+    kept = {k: v for k, v in trial.user_attrs.items() if k in (st.IS_DEFAULT, st.EXPLORATION, REQUEUE_COUNT)}
+    study.enqueue_trial(dict(config), user_attrs={
+        REQUEUED_FROM: trial.number, REQUEUE_REASON: f"trial {trial.number} was interrupted", **kept,
     }, skip_if_exists=False)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Hold a first Ctrl-C while the tuner stores how it stopped, then deliver it; a second one quits at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def on_ctrl_c(signum, frame):
+        caught.append(signum)
+        if len(caught) > 1:
+            raise KeyboardInterrupt
+        print("flashtune: storing how the tuner stopped; Ctrl-C again to quit now", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _unseen_feasible(space: Space, problem: Problem, device: DeviceLimits, taken: set[str],
@@ -272,6 +321,7 @@ class _StudyState:
         self.seen: dict[str, FrozenTrial] = {}
         self.evaluated = 0
         self.running = 0
+        self.running_elsewhere: set[str] = set()  # configs of RUNNING trials (exploration leaves them alone)
         self.best: float | None = None
 
     def refresh(self, study: optuna.Study) -> None:
@@ -279,6 +329,7 @@ class _StudyState:
         self.seen = st.finished_by_config(study, trials)
         self.evaluated = sum(1 for t in trials if _counts(t))
         self.running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        self.running_elsewhere = {config_key(t.params) for t in trials if t.state == TrialState.RUNNING and t.params}
         values = [t.value for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
         self.best = max(values) if values else None
 
