@@ -209,6 +209,20 @@ def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_s
     assert stale["tflops"] == 150.0 and stale["trial"] == 3  # the best measured trial; re-timing settles it
 
 
+def test_a_trial_that_finished_after_the_retiming_counts_even_with_a_lower_number(storage, toy_space, problem):
+    from tuner.search import distributions
+
+    study = _open(storage, toy_space, problem, name="late")
+    dists = distributions(toy_space)
+    other = {**toy_space.defaults(), "flag": 1}
+    study.add_trial(optuna.trial.create_trial(value=300.0, params=other, distributions=dists))  # trial 1: late
+    study.add_trial(optuna.trial.create_trial(value=100.0, params=toy_space.defaults(), distributions=dists))
+    # re-timed while trial 1 was still RUNNING on another host: it saw only trial 2
+    study.set_user_attr("winner", {"config": toy_space.defaults(), "tflops": 99.0, "trial": 2, "seen_trials": [2]})
+    stale = st.winner(study)
+    assert stale["trial"] == 1 and stale["source"].startswith("best trial (newer than the winner")
+
+
 def test_winner_of_an_empty_study(storage, toy_space, problem):
     assert st.winner(_open(storage, toy_space, problem)) is None
 
