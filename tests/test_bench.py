@@ -11,7 +11,7 @@ from tests.fake_studies import make_study
 from tuner import bench
 from tuner.bench import run_bench, study_for_bench
 from tuner.cli import main
-from tuner.errors import UsageError
+from tuner.export import ExportError
 from tuner.problem import Problem
 from tuner.space import load_space
 from tuner.study import winner
@@ -39,7 +39,7 @@ def test_a_study_is_benched_on_its_own_family_problem_and_winner(storage_url):
 
 
 def test_an_unknown_study_is_a_usage_error_that_says_where_to_look(storage_url):
-    with pytest.raises(UsageError, match="no study named 'nope'.*flashtune studies"):
+    with pytest.raises(ExportError, match="no study named .nope..*flashtune studies"):
         study_for_bench("nope", storage_url)
 
 

@@ -17,24 +17,12 @@ __all__ = ["run_bench", "study_for_bench"]
 
 
 def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Problem, dict[str, int]]:
-    """A study's family, problem and winner, the winner re-validated against the family's space."""
-    import optuna
+    """A study's family, problem and winner, checked as ``flashtune export`` checks them."""
+    from .export import choose, load_flashtune_study
+    from .storage import open_storage
 
-    from .storage import mask_url, open_storage
-    from .study import study_problem, winner
-
-    try:
-        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url, create=False))
-    except KeyError:
-        raise UsageError(f"no study named {study_name!r} in {mask_url(storage_url)}; `flashtune studies` lists them"
-                         ) from None
-    family = study.user_attrs.get("family")
-    if not family or "problem" not in study.user_attrs:
-        raise UsageError(f"study {study_name!r} was not made by flashtune (no family or problem stored)")
-    best = winner(study)
-    if best is None:
-        raise UsageError(f"study {study_name!r} has no successful trial")
-    return family, study_problem(study), load_space(family).validate(best["config"])
+    chosen = choose(load_flashtune_study(open_storage(storage_url, create=False), study_name, storage_url))
+    return chosen.family, chosen.problem, chosen.config
 
 
 def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Problem, *, config: dict[str, int],

@@ -19,16 +19,22 @@ __all__ = ["main"]
 # -- shared options ----------------------------------------------------------------------------
 def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True) -> None:
     g = p.add_argument_group("problem")
-    g.add_argument("--family", default="sm80", help="kernel family (a file in search_spaces/): %(default)s")
-    g.add_argument("--dtype", default="fp16", help="fp16 or bf16 (default %(default)s)")
-    g.add_argument("--head-dim", type=int, default=128, help="head dimension (default %(default)s)")
-    g.add_argument("--causal", action="store_true", help="causal masking (bottom-right aligned)")
+    actions = [
+        g.add_argument("--family", default="sm80", help="kernel family (a file in search_spaces/): %(default)s"),
+        g.add_argument("--dtype", default="fp16", help="fp16 or bf16 (default %(default)s)"),
+        g.add_argument("--head-dim", type=int, default=128, help="head dimension (default %(default)s)"),
+        g.add_argument("--causal", action="store_true", help="causal masking (bottom-right aligned)"),
+    ]
     if shape:
-        g.add_argument("--batch", type=int, default=8, help="batch size (default %(default)s)")
-        g.add_argument("--seqlen", type=int, default=2048, help="query sequence length (default %(default)s)")
-        g.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
-        g.add_argument("--heads", type=int, default=16, help="query heads (default %(default)s)")
-        g.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
+        actions += [
+            g.add_argument("--batch", type=int, default=8, help="batch size (default %(default)s)"),
+            g.add_argument("--seqlen", type=int, default=2048, help="query sequence length (default %(default)s)"),
+            g.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)"),
+            g.add_argument("--heads", type=int, default=16, help="query heads (default %(default)s)"),
+            g.add_argument("--kv-heads", type=int, default=None,
+                           help="key/value heads, dividing --heads (default: --heads)"),
+        ]
+    p.set_defaults(problem_flags=tuple((a.option_strings[0], a.dest, a.default) for a in actions))
 
 
 def _problem(args: argparse.Namespace) -> Problem:
@@ -232,13 +238,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-_PROBLEM_FLAGS = ("family", "dtype", "head_dim", "causal", "batch", "seqlen", "seqlen_k", "heads", "kv_heads")
-
-
 def _explicit_problem_flags(args: argparse.Namespace) -> list[str]:
-    """The problem flags given on the command line (those that differ from their defaults)."""
-    defaults = build_parser().parse_args([args.command])
-    return [f"--{k.replace('_', '-')}" for k in _PROBLEM_FLAGS if getattr(args, k) != getattr(defaults, k)]
+    """The problem flags (``_add_problem``) given on the command line: those that differ from their defaults."""
+    return [flag for flag, dest, default in args.problem_flags if getattr(args, dest) != default]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -240,15 +240,16 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
         for slug in not_covered:
             print(f"flashtune export: warning: suite problem {slug} has no study yet; the default config covers it",
                   file=log or sys.stderr)
-    chosen = []
+    chosen, left_out = [], []
     for name in names:  # a study still running or made for other knobs is left out, not fatal
         try:
             chosen.append(choose(load_flashtune_study(storage, name, storage_url)))
         except ExportError as e:
-            not_covered.append(f"{name} left out: {e}")
+            left_out.append(f"{name} left out: {e}")
             print(f"flashtune export: warning: study {name} left out: {e}", file=log or sys.stderr)
     if not chosen:
-        raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {not_covered[-len(names)]}")
+        raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {left_out[0]}")
+    not_covered += left_out
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"

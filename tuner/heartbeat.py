@@ -15,11 +15,12 @@ import math
 import os
 import threading
 import warnings
-
 from datetime import datetime, timedelta
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
+
+from .study import EXPLORATION, IS_DEFAULT
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S", "MAX_REQUEUES", "Heartbeat", "recover_stale", "requeue_stale"]
 
@@ -62,7 +63,7 @@ def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
         REQUEUED_FROM: trial.number,
         REQUEUE_COUNT: count + 1,
         REQUEUE_REASON: f"trial {trial.number} lost its worker (no heartbeat for {grace} s)",
-        **{k: v for k, v in trial.user_attrs.items() if k in ("is_default", "exploration")},
+        **{k: v for k, v in trial.user_attrs.items() if k in (IS_DEFAULT, EXPLORATION)},
     }, skip_if_exists=False)
 
 

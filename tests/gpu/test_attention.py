@@ -35,9 +35,9 @@ def device():
 @pytest.fixture(params=available_families())
 def family(request, device):
     space = load_space(request.param)
-    if device.arch < space.family.min_arch or (space.family.arch_suffix and device.arch != space.family.min_arch):
-        pytest.skip(f"{space.name} needs sm_{space.family.min_arch}{space.family.arch_suffix}, the GPU is "
-                    f"sm_{device.arch}")
+    reason = space.runs_on(device.arch)
+    if reason:
+        pytest.skip(reason)
     return request.param
 
 

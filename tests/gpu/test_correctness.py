@@ -66,8 +66,9 @@ def covering_configs(space, device, head_dim, seed=0):
 @pytest.fixture(scope="module", params=available_families())
 def compiled(request, device):
     space = load_space(request.param)
-    if device.arch < space.family.min_arch:
-        pytest.skip(f"{space.name} needs sm_{space.family.min_arch}+")
+    reason = space.runs_on(device.arch)
+    if reason:
+        pytest.skip(reason)
     configs = {d: covering_configs(space, device, d) for d in space.family.head_dims}
     pairs = [(c, problems_for(*s)[0]) for s in statics(space) for c in configs[s[1]]]
     outcomes = compile_all(space, pairs, device)
