@@ -206,7 +206,7 @@ def test_config_that_nvcc_rejects_raises_compile_error(tiny):
 
 
 def test_compile_outcome_turns_failure_into_a_status(tiny):
-    from tuner.tune import compile_outcome
+    from tuner.compile import compile_outcome
 
     space, _ = tiny
     bad = compile_outcome(str(space.path), {"width": 1, "refuse": 1}, PROBLEM, SM80)

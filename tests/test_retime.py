@@ -93,7 +93,7 @@ def test_a_config_failing_a_round_is_not_a_candidate(tuned, toy_space, problem, 
 def test_a_config_that_no_longer_compiles_is_skipped(tuned, toy_space, problem, sm80):
     def compiler(space_path, config, problem, device):
         if config == BEST:
-            from tuner.tune import CompileOutcome
+            from tuner.compile import CompileOutcome
 
             return CompileOutcome(status="compile_error", reason="gone")
         return fake_compiler(space_path, config, problem, device)

@@ -191,14 +191,14 @@ def fake_gpu_run(monkeypatch):
                    failures=False)
         return []
 
-    def retime_and_print(spec, gpu, top_k, rounds):
+    def retime_winner(spec, gpu, *, top_k, rounds):
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         set_winner(study, load_space(spec.family), spec.problem)
-        return 0
+        return study
 
     monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [dict(H200_INFO) for _ in gpus])
     monkeypatch.setattr(tuner.run, "run_on_gpus", run_on_gpus)
-    monkeypatch.setattr(tuner.cli, "_retime_and_print", retime_and_print)
+    monkeypatch.setattr(tuner.run, "retime_winner", retime_winner)
     return runs
 
 
@@ -230,3 +230,66 @@ def test_tune_suite_errors(tmp_path, fake_gpu_run, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flashtune")]
     assert len(err) == 2 and "--study names one study" in err[0] and "no such suite file" in err[1]
     assert fake_gpu_run == []
+
+
+def test_a_new_study_of_a_suite_starts_from_the_winners_of_tuned_shapes(tmp_path, fake_gpu_run):
+    from tuner import study as st
+
+    url = f"sqlite:///{tmp_path}/suite.db"
+    path = write(tmp_path, f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\n'
+                           "head_dim = 128\nheads = 16\nseqlen = [1024, 4096]\nbatch = 2\n")
+    assert main(["tune", "--suite", str(path), "--trials", "4", "--top-k", "1"]) == 0
+    storage = optuna.storages.RDBStorage(url)
+    first = optuna.load_study(study_name=fake_gpu_run[0], storage=storage)
+    assert first.user_attrs[st.WARM_START] == ["none"]  # nothing was tuned before it
+    for i, name in enumerate(fake_gpu_run[1:], 1):
+        study = optuna.load_study(study_name=name, storage=storage)
+        sources = [s for s in study.user_attrs[st.WARM_START] if s != "none"]
+        assert set(sources) <= set(fake_gpu_run[:i])  # only shapes tuned before it
+        enqueued = {t.user_attrs[st.WARM_START]: t for t in study.get_trials() if t.user_attrs.get(st.WARM_START)}
+        assert sorted(enqueued) == sorted(sources)
+        for source, trial in enqueued.items():
+            won = st.winner(optuna.load_study(study_name=source, storage=storage))
+            assert trial.system_attrs["fixed_params"] == won["config"]
+
+
+def test_warm_start_takes_the_nearest_shapes_winners_of_the_same_family_gpu_dtype_and_head_dim(tmp_path):
+    import random
+
+    from tests.fake_studies import gpu_for, open_fake_study
+    from tuner.devices import DeviceLimits
+    from tuner.run import warm_start_configs
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/w.db")
+    space = load_space(FAMILY)
+    device = DeviceLimits.from_info(gpu_for(space))
+    target = Problem(batch=2, seqlen_q=4096, heads_q=16, head_dim=128, dtype="fp16", causal=True)
+    rng = random.Random(0)
+    winners = {}
+
+    def tuned(name, **shape):
+        problem = Problem(**{"batch": 2, "seqlen_q": 4096, "heads_q": 16, "head_dim": 128, "dtype": "fp16",
+                             "causal": True, **shape})
+        study = open_fake_study(storage, name, space, problem)
+        while True:  # a feasible, non-default config of its own
+            config = {k.name: rng.choice(k.values) for k in space.knobs}
+            if (space.check(config, target, device) is None and config != space.defaults(128)
+                    and config not in winners.values()):
+                break
+        winners[name] = config
+        study.set_user_attr("winner", {"config": config, "tflops": 100.0, "trial": 0})
+
+    tuned("causal-n1024", seqlen_q=1024)        # same causal flag, 4x shorter
+    tuned("full-n4096", causal=False)           # same length, other causal flag
+    tuned("causal-n16384", seqlen_q=16384)      # same causal flag, 4x longer (tie with n1024)
+    tuned("causal-n2048", seqlen_q=2048)        # same causal flag, 2x shorter: the nearest
+    tuned("bf16-causal-n4096", dtype="bf16")    # other dtype: never
+    tuned("d64-causal-n4096", head_dim=64, heads_q=32)  # other head dim: never
+
+    chosen = warm_start_configs(storage, space, target, device, gpu_for(space)["name"], limit=3)
+    names = [name for name, _ in chosen]
+    assert names[0] == "causal-n2048" and set(names[1:]) == {"causal-n1024", "causal-n16384"}
+    assert all(config == winners[name] for name, config in chosen)
+    everything = warm_start_configs(storage, space, target, device, gpu_for(space)["name"], limit=10)
+    assert [n for n, _ in everything][3:] == ["full-n4096"]
+    assert warm_start_configs(storage, space, target, device, "Another GPU", limit=3) == []

@@ -217,7 +217,7 @@ def test_exhausted_space_stops(tmp_path, storage, problem, sm80):
     path.write_text(toy_space_text(block_m=(64,), block_n=(64, 128), stages=(2,), flag=(0, 1)))
     space = load_space(path)
     study = make_study(storage, space, problem)
-    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1, max_idle_asks=15),
+    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1),
                    compiler=fake_compiler)
     assert "exhausted" in summary.stopped_because
     assert summary.evaluated == 4 == len(evaluated_trials(study))
@@ -259,13 +259,19 @@ def test_the_grid_sampler_covers_a_small_space_and_stops_as_exhausted(storage, t
     (tmp_path / "toy.toml").write_text(toy_space_text(block_m=(32, 64), block_n=(32, 64), stages=(1, 2)))
     space = load_space(tmp_path / "toy.toml")  # 16 points, all statically feasible
     study = make_study(storage, space, problem, sampler="grid", name="grid")
-    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, max_idle_asks=30),
+    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50),
                    compiler=fake_compiler)
     assert "space exhausted" in summary.stopped_because
     trials = study.get_trials()
     assert not [t for t in trials if t.state in (TrialState.FAIL, TrialState.RUNNING)]
     measured = [t for t in trials if st.DUPLICATE_OF not in t.user_attrs]
     assert len({tuple(sorted(t.params.items())) for t in measured}) == len(measured) == 16
+
+
+def _first_value(distribution):
+    """What a sampler draws for a knob's first value (an ordered knob is searched as its value index)."""
+    return distribution.low if isinstance(distribution, optuna.distributions.IntDistribution) \
+        else distribution.choices[0]
 
 
 class _StuckSampler(optuna.samplers.BaseSampler):
@@ -278,18 +284,20 @@ class _StuckSampler(optuna.samplers.BaseSampler):
         return {}
 
     def sample_independent(self, study, trial, param_name, param_distribution):
-        return param_distribution.choices[0]
+        return _first_value(param_distribution)
 
 
-def test_a_sampler_that_repeats_itself_gets_unseen_configs_enqueued(storage, toy_space, problem, sm80):
+def test_a_sampler_that_repeats_itself_gets_unseen_configs_explored(storage, toy_space, problem, sm80):
     study = st.open_study(storage=storage, name="stuck", space=toy_space, problem=problem, gpu=GPU,
                           sampler=_StuckSampler())
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1, max_idle_asks=40),
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1),
                    compiler=fake_compiler)
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 6 and summary.stopped_because == "the study holds 6 evaluated trials"
     assert len({tuple(sorted(t.params.items())) for t in evaluated}) == 6  # six different configs
     assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) >= 4  # all but the default and the stuck one
+    assert summary.explorations >= 4
+    assert not [t for t in study.get_trials() if st.DUPLICATE_OF in t.user_attrs]  # repeats never reach storage
 
 
 
@@ -299,27 +307,36 @@ class _InfeasibleSampler(_StuckSampler):
     def __init__(self, space, problem, device):
         self.rng = __import__("random").Random(0)
         self.space, self.problem, self.device = space, problem, device
-
-    def sample_relative(self, study, trial, search_space):
-        return {}
+        self.drawn = []
 
     def sample_independent(self, study, trial, param_name, param_distribution):
-        while True:
-            config = {k.name: self.rng.choice(k.values) for k in self.space.knobs}
-            if self.space.check(config, self.problem, self.device) is not None:
-                return config[param_name]
+        if param_name == self.space.knobs[0].name:
+            while True:
+                config = {k.name: self.rng.choice(k.values) for k in self.space.knobs}
+                if self.space.check(config, self.problem, self.device) is not None:
+                    self.drawn.append(config)
+                    break
+        value = self.drawn[-1][param_name]
+        is_index = isinstance(param_distribution, optuna.distributions.IntDistribution)
+        return self.space.knob(param_name).values.index(value) if is_index else value
 
 
-def test_a_sampler_lost_in_infeasible_configs_gets_feasible_ones_enqueued(storage, toy_space, problem, sm80):
-    study = st.open_study(storage=storage, name="lost", space=toy_space, problem=problem, gpu=GPU,
-                          sampler=_InfeasibleSampler(toy_space, problem, sm80))
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1, max_idle_asks=30),
+def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing_them(storage, toy_space, problem,
+                                                                                      sm80):
+    from tuner.search import OptunaSearch
+
+    sampler = _InfeasibleSampler(toy_space, problem, sm80)
+    study = st.open_study(storage=storage, name="lost", space=toy_space, problem=problem, gpu=GPU, sampler=sampler)
+    search = OptunaSearch(toy_space, problem, sm80, 0, sampler)
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1), search=search,
                    compiler=fake_compiler)
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 5 and summary.stopped_because == "the study holds 5 evaluated trials"
-    assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) == 4  # all but the default
-    # eight infeasible proposals (new or repeated) in a row before each enqueue
-    assert summary.infeasible + summary.duplicates >= 4 * 8 and summary.infeasible >= 1
+    assert not [t for t in study.get_trials() if t.user_attrs.get(st.STATUS) == "infeasible"]  # none stored
+    assert search.stats.infeasible == len(sampler.drawn) >= 4  # every draw but the default's was infeasible ...
+    for t in evaluated[1:]:  # ... and repaired to a feasible config a few knob steps away
+        assert toy_space.check(t.params, problem, sm80) is None
+        assert min(sum(t.params[k] != d[k] for k in d) for d in sampler.drawn) <= 3
 
 
 def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):

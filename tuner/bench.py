@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from .compile import CompileError
+from .compile import CompileError, compile_outcome
 from .devices import DeviceLimits
 from .errors import UsageError
-from .jobs import MeasureSettings
+from .jobs import MeasureSettings, measure_job_for
 from .problem import Problem
 from .space import load_space
-from .tune import compile_outcome, measure_job_for
 from .worker import Worker
 
 __all__ = ["run_bench", "study_for_bench"]

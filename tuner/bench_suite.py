@@ -21,13 +21,13 @@ import optuna
 
 from . import __version__
 from .devices import DeviceLimits
-from .jobs import MeasureSettings
+from .compile import CompileOutcome, compile_outcome
+from .jobs import MeasureSettings, measure_job_for
 from .problem import Problem
 from .space import ConfigError, Space, load_space
 from .storage import mask_url, open_storage
 from .study import winner
 from .suite import Suite, suite_studies
-from .tune import CompileOutcome, compile_outcome, measure_job_for
 from .worker import Worker
 
 __all__ = ["BenchRow", "bench_suite", "markdown_table"]

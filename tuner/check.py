@@ -19,7 +19,7 @@ from .errors import UsageError
 from .problem import Problem, ProblemError
 from .ptxas import Resources
 from .space import Config, Space, load_space
-from .tune import compile_outcome
+from .compile import compile_outcome
 
 __all__ = ["CheckReport", "CheckRow", "check_space", "all_configs", "static_candidates"]
 

@@ -160,23 +160,9 @@ def _validate_early(spec) -> None:
 
 
 def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
-    import optuna
+    from .run import retime_winner
 
-    from .retime import retime_top
-    from .space import load_space
-    from .storage import open_storage
-    from .worker import Worker
-
-    study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec.storage_url))
-    if top_k > 0:
-        print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
-        with Worker(device=gpu) as worker:
-            device = DeviceLimits.from_info(worker.call("device_info", timeout_s=120))
-            timeout = spec.settings.trial_timeout_s
-            retime_top(study, load_space(spec.family), spec.problem, device,
-                       lambda job: worker.measure(job, timeout_s=timeout), top_k=top_k, rounds=rounds,
-                       settings=spec.settings.measure)
-    return _print_best(study, as_json=False)
+    return _print_best(retime_winner(spec, gpu, top_k=top_k, rounds=rounds), as_json=False)
 
 
 def _print_best(study, *, as_json: bool) -> int:
@@ -298,32 +284,20 @@ def _bench_suite(args: argparse.Namespace) -> int:
 def _tune_suite(args: argparse.Namespace) -> int:
     """``tune --suite FILE``: every problem of the suite through the same path as one ``tune``; finished
     studies (trial target reached, winner re-timed) are skipped, so rerunning the command resumes."""
-    from .run import gpu_infos
-    from .space import load_space
-    from .storage import open_storage
-    from .study import default_study_name
-    from .suite import is_finished, load_suite, suite_storage
+    from .run import RunSpec, gpu_infos, tune_suite
+    from .suite import load_suite, suite_storage
 
     if args.study:
         raise UsageError("--study names one study; with --suite every problem gets its default study name")
     suite = load_suite(args.suite)
-    storage_url = suite_storage(suite, args.storage)
-    storage, space = open_storage(storage_url), load_space(suite.family)
-    info = gpu_infos(_gpus(args.gpus))[0]
-    rc = 0
-    for i, problem in enumerate(suite.problems, 1):
-        name = default_study_name(space, int(info["arch"]), str(info["name"]), problem)
-        head = f"suite {suite.name} [{i}/{len(suite.problems)}] {problem.slug()}"
-        if is_finished(storage, name, args.trials):
-            print(f"{head}: study {name} is finished, skipped", file=sys.stderr)
-            continue
-        print(f"{head}: study {name}", file=sys.stderr)
-        one = argparse.Namespace(**{**vars(args), "suite": None, "family": suite.family, "storage": storage_url,
-                                    "dtype": problem.dtype, "head_dim": problem.head_dim, "causal": problem.causal,
-                                    "batch": problem.batch, "seqlen": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
-                                    "heads": problem.heads_q, "kv_heads": problem.heads_kv})
-        rc = max(rc, cmd_tune(one))
-    return rc
+    base = RunSpec(family=suite.family, problem=suite.problems[0], storage_url=suite_storage(suite, args.storage),
+                   sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
+    _validate_early(base)
+    gpus = _gpus(args.gpus)
+    codes: list[int] = []
+    tune_suite(suite, base, gpus, gpu_infos(gpus), top_k=args.top_k, rounds=args.rounds,
+               on_done=lambda study: codes.append(_print_best(study, as_json=False)))
+    return max(codes, default=0)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

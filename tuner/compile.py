@@ -18,15 +18,17 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 from .devices import DeviceLimits
 from .errors import FlashtuneError
 from .paths import KERNEL_SRC
 from .problem import Problem
 from .ptxas import Resources, parse_ptxas
-from .space import Config, Space
+from .space import Config, Space, load_space
 
-__all__ = ["CompileError", "CompiledKernel", "compile_config", "cache_dir", "nvcc_options"]
+__all__ = ["CompileError", "CompileOutcome", "CompiledKernel", "cache_dir", "compile_config", "compile_outcome",
+           "nvcc_options"]
 
 _BASE_OPTIONS = ("-O3", "-std=c++17", "-Xptxas=-v", "--use_fast_math")
 
@@ -118,6 +120,31 @@ def compile_config(space: Space, config: Config, problem: Problem, device: Devic
     path = _store(directory, key, cubin, {"resources": resources.to_dict(), "options": list(options), "arch": arch})
     return CompiledKernel(cubin_path=str(path) if path else _scratch_copy(key, cubin), entry=entry, arch=arch,
                           options=options, resources=resources, seconds=seconds, cached=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileOutcome:
+    """What a compile process returns: a kernel, or why there is none."""
+
+    status: Literal["ok", "compile_error"]
+    kernel: CompiledKernel | None = None
+    reason: str = ""
+
+
+@functools.lru_cache(maxsize=8)
+def _space(path: str) -> Space:
+    return load_space(path)
+
+
+def compile_outcome(space_path: str, config: Config, problem: Problem, device: DeviceLimits) -> CompileOutcome:
+    """Compile in a pool process (the space is named by its file, loaded once per process); never
+    raises: a failure is an outcome."""
+    try:
+        return CompileOutcome(status="ok", kernel=compile_config(_space(space_path), config, problem, device))
+    except CompileError as e:
+        return CompileOutcome(status="compile_error", reason=str(e))
+    except Exception as e:  # noqa: BLE001 - e.g. a full disk or a ptxas report we cannot read
+        return CompileOutcome(status="compile_error", reason=f"{type(e).__name__}: {e}")
 
 
 def _first_error(text: str) -> str:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .problem import Problem
 
-__all__ = ["MeasureJob", "MeasureResult", "MeasureSettings", "Status", "TOLERANCES"]
+if TYPE_CHECKING:
+    from .compile import CompiledKernel
+    from .devices import DeviceLimits
+    from .space import Config, Space
+
+__all__ = ["MeasureJob", "MeasureResult", "MeasureSettings", "Status", "TOLERANCES", "measure_job_for"]
 
 #: Outcome of a measurement. Anything but "ok" makes the trial infeasible.
 Status = Literal["ok", "wrong_result", "launch_error", "timeout", "crashed"]
@@ -66,3 +71,12 @@ class MeasureResult:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def measure_job_for(space: Space, config: Config, problem: Problem, device: DeviceLimits, kernel: CompiledKernel,
+                    settings: MeasureSettings, tag: str = "") -> MeasureJob:
+    """The job that checks and times ``kernel`` (``config`` built for ``problem``) on ``device``."""
+    geometry = space.launch(config, problem, device)
+    return MeasureJob(cubin_path=kernel.cubin_path, entry=kernel.entry, abi=space.family.abi, grid=geometry.grid,
+                      threads=geometry.threads, smem_bytes=geometry.smem_bytes, problem=problem, config=dict(config),
+                      abi_params=dict(geometry.abi), settings=settings, tag=tag)

@@ -17,11 +17,11 @@ import optuna
 from optuna.trial import TrialState
 
 from . import study as st
+from .compile import CompileOutcome, compile_outcome
 from .devices import DeviceLimits
-from .jobs import MeasureJob, MeasureResult, MeasureSettings
+from .jobs import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
 from .problem import Problem
 from .space import Space, config_key
-from .tune import CompileOutcome, compile_outcome, measure_job_for
 
 __all__ = ["retime_top"]
 

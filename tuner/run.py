@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import multiprocessing as mp
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +26,15 @@ from .devices import DeviceLimits
 from .errors import UsageError
 from .problem import Problem
 from .progress import Progress
-from .search import make_sampler
-from .space import available_families, load_space
+from .search import make_sampler, make_search
+from .space import Config, Space, available_families, load_space
 from .storage import mask_url, open_storage, retrying
+from .suite import Suite
 from .tune import TuneSettings, TuneSummary, tune
 from .worker import Worker, WorkerError
 
-__all__ = ["RunSpec", "gpu_infos", "prepare_study", "run_on_gpus", "spec_from_study"]
+__all__ = ["RunSpec", "gpu_infos", "prepare_study", "retime_winner", "run_on_gpus", "spec_from_study", "tune_suite",
+           "warm_start_configs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +49,7 @@ class RunSpec:
     seed: int | None = None
     settings: TuneSettings = field(default_factory=TuneSettings)
     handler: str = "tuner.gpu.measure"  # the GPU worker's module (tests substitute a stand-in)
-    compiler: str = "tuner.tune:compile_outcome"  # "module:function" run in the compile pool
+    compiler: str = "tuner.compile:compile_outcome"  # "module:function" run in the compile pool
 
 
 def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[str, Any]]:
@@ -85,6 +89,47 @@ def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
     return dataclasses.replace(spec, study_name=name)
 
 
+def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, problem: Problem, device: DeviceLimits,
+                       gpu_name: str, *, limit: int = 3) -> list[tuple[str, Config]]:
+    """(study, winner) of the flashtune studies nearest to ``problem`` that share its family, GPU model,
+    dtype and head dim, at most ``limit`` distinct configs, each feasible for ``problem`` and not its
+    default: nearest by causal flag first, then by sequence length (log scale), then batch and heads."""
+    def distance(other: Problem) -> tuple[float, ...]:
+        return (other.causal != problem.causal, abs(math.log2(other.seqlen_q / problem.seqlen_q)),
+                abs(math.log2(other.seqlen_k / problem.seqlen_k)), abs(math.log2(other.batch / problem.batch)),
+                abs(math.log2(other.heads_q / problem.heads_q)))
+
+    candidates = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        attrs = summary.user_attrs
+        if not isinstance(attrs.get("flashtune"), dict) or attrs.get("family") != space.name:
+            continue
+        if (attrs.get("gpu") or {}).get("name") != gpu_name or attrs.get("space_digest") != st.space_digest(space):
+            continue
+        try:
+            other = Problem.from_dict(dict(attrs.get("problem") or {}))
+        except (TypeError, ValueError):
+            continue
+        if other == problem or (other.dtype, other.head_dim) != (problem.dtype, problem.head_dim):
+            continue
+        candidates.append((distance(other), summary.study_name))
+    chosen: list[tuple[str, Config]] = []
+    default = space.defaults(problem.head_dim)
+    for _, name in sorted(candidates):
+        try:
+            won = st.winner(optuna.load_study(study_name=name, storage=storage))
+            config = space.validate(won["config"]) if won else None
+        except (KeyError, TypeError, ValueError):
+            continue
+        if (config is None or config == default or any(config == c for _, c in chosen)
+                or space.check(config, problem, device) is not None):
+            continue
+        chosen.append((name, config))
+        if len(chosen) == limit:
+            break
+    return chosen
+
+
 def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
                     settings: TuneSettings | None = None) -> RunSpec:
     """The spec of an existing study, for `flashtune worker` on another host."""
@@ -102,6 +147,54 @@ def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None =
     return RunSpec(family=study.user_attrs["family"], problem=st.study_problem(study), storage_url=storage_url,
                    study_name=study_name, sampler=run.get("sampler", "tpe"), seed=run.get("seed"),
                    settings=dataclasses.replace(base, n_trials=target))
+
+
+def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int) -> optuna.Study:
+    """Re-time the study's best ``top_k`` configs and the default on ``gpu`` (``top_k`` 0: none); the
+    winner is stored on the study. Returns the study."""
+    from .retime import retime_top
+
+    study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec.storage_url))
+    if top_k > 0:
+        print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
+        with Worker(device=gpu, handler=spec.handler) as worker:
+            device = DeviceLimits.from_info(worker.call("device_info", timeout_s=120))
+            timeout = spec.settings.trial_timeout_s
+            retime_top(study, load_space(spec.family), spec.problem, device,
+                       lambda job: worker.measure(job, timeout_s=timeout), top_k=top_k, rounds=rounds,
+                       settings=spec.settings.measure)
+    return study
+
+
+def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, top_k: int,
+               rounds: int, on_done: Callable[[optuna.Study], Any] = lambda study: None) -> None:
+    """Tune every problem of ``suite`` as one ``flashtune tune`` would (``base`` gives storage, sampler, seed
+    and settings), skipping finished studies, so that rerunning resumes. A new study starts from the
+    winners of the nearest shapes already tuned (:func:`warm_start_configs`), enqueued after the default."""
+    from .suite import is_finished
+
+    space = load_space(suite.family)
+    storage = open_storage(base.storage_url)
+    device = DeviceLimits.from_info(infos[0])
+    for i, problem in enumerate(suite.problems, 1):
+        spec = dataclasses.replace(base, family=suite.family, problem=problem, study_name="")
+        name = st.default_study_name(space, device.arch, str(infos[0]["name"]), problem)
+        head = f"suite {suite.name} [{i}/{len(suite.problems)}] {problem.slug()}"
+        if is_finished(storage, name, base.settings.n_trials):
+            print(f"{head}: study {name} is finished, skipped", file=sys.stderr)
+            continue
+        print(f"{head}: study {name}", file=sys.stderr)
+        spec = prepare_study(spec, infos[0])
+        study = optuna.load_study(study_name=spec.study_name, storage=storage)
+        if not study.user_attrs.get(st.WARM_START):  # once per study, however often the suite is rerun
+            starts = warm_start_configs(storage, space, problem, device, str(infos[0]["name"]))
+            for source, config in starts:
+                study.enqueue_trial(config, user_attrs={st.WARM_START: source})
+            study.set_user_attr(st.WARM_START, [source for source, _ in starts] or ["none"])
+            if starts:
+                print(f"{head}: starts from the winners of {', '.join(s for s, _ in starts)}", file=sys.stderr)
+        run_on_gpus(spec, gpus, infos)
+        on_done(retime_winner(spec, gpus[0], top_k=top_k, rounds=rounds))
 
 
 def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> list[TuneSummary]:
@@ -153,20 +246,23 @@ def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
     space = load_space(spec.family)
     storage = open_storage(spec.storage_url)
     seed = None if spec.seed is None else spec.seed + 7919 * gpu + _host_salt()
-    study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage,
-                                               sampler=make_sampler(spec.sampler, space, seed)),
-                     what="loading the study")
+    study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage), what="loading the study")
     module, _, function = spec.compiler.partition(":")
     compiler = getattr(importlib.import_module(module), function)
     with Worker(device=gpu, handler=spec.handler) as worker:
         info = worker.call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
+        search = make_search(spec.sampler, space, spec.problem, device, seed)
         summary = tune(study, space, spec.problem, device, lambda job: worker.measure(job, timeout_s=timeout),
-                       spec.settings, compiler=compiler, progress=Progress(prefix=label))
+                       spec.settings, search=search, compiler=compiler, progress=Progress(prefix=label))
+    s = search.stats
     print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
-          f"{summary.infeasible} statically infeasible, {summary.failed} failed, {summary.duplicates} duplicate "
-          f"proposals, {worker.restarts} worker restarts", file=sys.stderr)
+          f"{summary.failed} failed, {summary.explorations} explorations, {summary.duplicates} duplicate enqueued "
+          f"configs, {worker.restarts} worker restarts; search: {s.asks} proposals drawn, {s.infeasible} "
+          f"infeasible (repaired), {s.repeats} repeats", file=sys.stderr)
+    if summary.stats is not None:
+        print(f"{label}throughput: {summary.stats.line()}", file=sys.stderr)
     return summary
 
 

@@ -63,6 +63,7 @@ class Knob:
     default: int
     help: str
     head_dim_defaults: tuple[tuple[int, int], ...] = ()  # (head_dim, default) where the plain default does not fit
+    ordered: bool = True  # values are searched as steps in the listed order (block sizes, budgets); False: categories
 
     def default_for(self, head_dim: int | None = None) -> int:
         """The default for problems of ``head_dim`` (None: the plain default)."""
@@ -342,7 +343,7 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         raise SpaceError(f"{where}: [knobs] declares no knob")
     for name, entry in knob_tables.items():
         kw = f"{where} [knobs.{name}]"
-        _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim"})
+        _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "ordered"})
         _check_name(name, kw, known)
         _check_macro(entry["macro"], kw, macros)
         values = entry["values"]
@@ -355,8 +356,11 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         if entry["default"] not in values:
             raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
         by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
+        ordered = entry.get("ordered", True)
+        if not isinstance(ordered, bool):
+            raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
         knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
-                          by_head_dim))
+                          by_head_dim, ordered))
         known.add(name)
 
     derived: list[Derived] = []

@@ -51,7 +51,12 @@ RESOURCES = "resources"  # ptxas: registers, spills, stack, static smem
 MEASUREMENT = "measurement"  # latency_ms, spread, reps, tflops, rel_error, lse_error
 COMPILE = "compile"  # seconds, cached, arch
 DUPLICATE_OF = "duplicate_of"
-EXPLORATION = "exploration"  # enqueued by the tuner because the sampler kept proposing evaluated configs
+EXPLORATION = "exploration"  # drawn at random by the tuner because the search had no config to offer
+
+WARM_START = "warm_start"  # trial: the study whose winner it was enqueued from; study: those studies (once)
+
+# study user attributes written by each tuning run: ``throughput:<host>:<pid>:<start>`` -> tuner.tune.RunStats
+THROUGHPUT_PREFIX = "throughput:"
 
 INFEASIBLE_STATUSES = ("infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error", "timeout",
                        "crashed")

@@ -10,7 +10,7 @@ import os
 
 from tuner.compile import CompiledKernel
 from tuner.ptxas import Resources
-from tuner.tune import CompileOutcome
+from tuner.compile import CompileOutcome
 
 
 def refuses(config: dict[str, int]) -> bool:

@@ -26,7 +26,8 @@ from tuner.search import make_sampler
 from tuner.space import load_space
 from tuner.storage import open_storage
 from tuner.study import open_study
-from tuner.tune import CompileOutcome, TuneSettings, tune
+from tuner.compile import CompileOutcome
+from tuner.tune import TuneSettings, tune
 
 PROBLEM = Problem(batch=2, seqlen_q=1024, heads_q=8, head_dim=128)
 GPU = {"name": "Stand-in GPU", "arch": 80}

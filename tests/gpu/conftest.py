@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 
 from tuner.devices import DeviceLimits
-from tuner.tune import compile_outcome
+from tuner.compile import compile_outcome
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import pytest
 from tuner.jobs import MeasureSettings
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
-from tuner.tune import measure_job_for
+from tuner.jobs import measure_job_for
 
 from tests.test_kernel_builds import REPRESENTATIVE
 

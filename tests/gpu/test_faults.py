@@ -34,7 +34,7 @@ def _job(cubin: str, tag: str) -> MeasureJob:
 def _good_job(device) -> MeasureJob:
     from tuner.compile import compile_config
     from tuner.space import load_space
-    from tuner.tune import measure_job_for
+    from tuner.jobs import measure_job_for
 
     space = load_space("sm80")
     config = space.defaults()
