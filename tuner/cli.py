@@ -300,6 +300,36 @@ def _tune_suite(args: argparse.Namespace) -> int:
     return max(codes, default=0)
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    import optuna
+
+    from .replay import format_table, load_oracle, replay, summarize
+    from .storage import open_storage
+
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    if args.seeds < 1 or args.budget < 1 or args.window < 1 or args.jobs < 1:
+        raise UsageError("--seeds, --budget, --window and --jobs must be at least 1")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    oracle = load_oracle(open_storage(args.storage, create=False), args.study, args.space)
+    done = [0]
+    total = len(samplers) * args.seeds
+
+    def progress(run) -> None:
+        done[0] += 1
+        if sys.stderr.isatty():
+            print(f"\rreplayed {done[0]}/{total} runs", end="" if done[0] < total else "\n", file=sys.stderr, flush=True)
+
+    runs = replay(oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs,
+                  progress=progress)
+    rows = summarize(oracle, runs)
+    if args.json:
+        print(json.dumps({"study": args.study, "best_tflops": oracle.best, "budget": args.budget,
+                          "window": args.window, "rows": rows}, indent=1, default=str))
+    else:
+        print(format_table(oracle, rows, args.budget), end="")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .dispatch import export_dispatch
     from .export import check_output_path, export_study, write_text
@@ -403,6 +433,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="with --suite: Markdown file to write (and a .json beside it)")
     p.add_argument("--gpu", type=int, default=0)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("replay", help="replay tuning runs against a stored exhaustive study (no GPU): "
+                                      "evaluations each sampler needs to come near the best")
+    p.add_argument("--study", required=True, help="a study that holds every feasible config (a --sampler grid sweep)")
+    _add_storage(p)
+    p.add_argument("--space", help="the space file the study was measured with, if not search_spaces/<family>.toml")
+    p.add_argument("--samplers", default="tpe,random,grid", help="comma-separated, of: " + ", ".join(SAMPLERS)
+                   + " (default %(default)s; grid replays a random order of the feasible configs)")
+    p.add_argument("--seeds", type=int, default=20, help="runs per sampler (default %(default)s)")
+    p.add_argument("--budget", type=int, default=100, help="evaluations per run (default %(default)s)")
+    p.add_argument("--window", type=int, default=1,
+                   help="configs in flight at once, as with compile-ahead (default %(default)s: each result is "
+                        "known before the next proposal)")
+    p.add_argument("--jobs", type=int, default=default_compile_workers(), help="parallel runs (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
     p.add_argument("--study", help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
