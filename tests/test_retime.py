@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import optuna
+
 import pytest
 from optuna.trial import TrialState
 
@@ -11,7 +13,7 @@ from tests.fakes.fake_compile import fake_compiler
 from tests.fakes.fake_measure import FakeMeasure, model_tflops
 from tuner import study as st
 from tuner.jobs import MeasureResult
-from tuner.retime import retime_top
+from tuner.retime import retime_top, within_noise_of_best
 from tuner.search import make_sampler
 from tuner.storage import open_storage
 from tuner.tune import TuneSettings, tune
@@ -50,14 +52,18 @@ def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
     assert entry["speedup_over_default"] > 1
     assert entry["rounds"] == 3
     latencies = [c["latency_ms"] for c in entry["candidates"]]
-    assert latencies == sorted(latencies) and len(latencies) == 4  # top 3 and the default
+    ranked = sorted((t for t in tuned.get_trials(states=(TrialState.COMPLETE,)) if st.DUPLICATE_OF not in t.user_attrs),
+                    key=lambda t: t.value, reverse=True)
+    contenders = {t.number for t in within_noise_of_best(ranked, 3)} | {st.default_trial(tuned).number}
+    assert latencies == sorted(latencies) and {c["trial"] for c in entry["candidates"]} == contenders
     assert json.loads(json.dumps(entry)) == tuned.user_attrs["winner"]
     assert st.winner(tuned) == {**entry, "source": "retimed"}
 
-    # 4 candidates x 3 rounds, round-robin, timing only
-    assert len(measure.calls) == 12
-    first_round = [job.tag for job in measure.calls[:4]]
-    assert len(set(first_round)) == 4 and [job.tag for job in measure.calls[4:8]] == first_round
+    # each candidate x 3 rounds, round-robin, timing only
+    n = len(contenders)
+    assert len(measure.calls) == 3 * n
+    first_round = [job.tag for job in measure.calls[:n]]
+    assert len(set(first_round)) == n and [job.tag for job in measure.calls[n:2 * n]] == first_round
     assert all(not job.settings.check for job in measure.calls)
     assert all(job.tag.startswith("retime-") for job in measure.calls)
 
@@ -123,3 +129,26 @@ def test_retime_leaves_trials_alone(tuned, toy_space, problem, sm80):
     retime_top(tuned, toy_space, problem, sm80, FakeMeasure(), compiler=fake_compiler)
     assert [(t.number, t.state, t.value, t.user_attrs) for t in tuned.get_trials()] == before
     assert all(t.state != TrialState.RUNNING for t in tuned.get_trials())
+
+
+def _ranked(*values_and_spreads):
+    trials = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": s}})
+              for v, s in values_and_spreads]
+    return sorted(trials, key=lambda t: t.value, reverse=True)
+
+
+def test_the_candidates_are_the_trials_within_the_noise_of_the_best():
+    # precise timings (spread 0: the 1% floor each): within 2% of the best is a contender
+    ranked = _ranked((100.0, 0.0), (98.5, 0.0), (97.9, 0.0), (90.0, 0.0))
+    assert [t.value for t in within_noise_of_best(ranked, 10)] == [100.0, 98.5]
+    # noisy timings widen the band: spread 0.08 -> +-4% each
+    noisy = _ranked((100.0, 0.08), (93.0, 0.08), (91.0, 0.0), (80.0, 0.08))
+    assert [t.value for t in within_noise_of_best(noisy, 10)] == [100.0, 93.0]  # 91 is precise: +-1%
+    # the cap, and at least the runner-up even when it is far behind
+    assert len(within_noise_of_best(noisy, 2)) == 2
+    assert [t.value for t in within_noise_of_best(_ranked((100.0, 0.0), (50.0, 0.0)), 5)] == [100.0, 50.0]
+    assert within_noise_of_best([], 5) == [] and within_noise_of_best(ranked, 0) == []
+    # a confidence half-width from the worker takes precedence over the spread
+    ci = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": 0.5, "ci_rel": c}})
+          for v, c in ((100.0, 0.002), (97.0, 0.002), (96.0, 0.002))]
+    assert [t.value for t in within_noise_of_best(ci, 5)] == [100.0, 97.0]

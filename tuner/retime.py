@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from . import study as st
 from .compile import CompileOutcome, compile_outcome
@@ -26,11 +26,42 @@ from .space import Space, config_key
 __all__ = ["retime_top"]
 
 
+NOISE_FLOOR = 0.01  # two timings of one kernel differ by about this much even when each is precise
+
+
+def relative_noise(trial: FrozenTrial) -> float:
+    """How far a trial's figure may be off, relative: its measurement's confidence half-width when the
+    worker reported one, else its interquartile spread, at least :data:`NOISE_FLOOR`."""
+    m = trial.user_attrs.get(st.MEASUREMENT) or {}
+    reported = m.get("ci_rel")
+    if reported is None:
+        reported = (m.get("spread") or 0.0) / 2
+    return max(NOISE_FLOOR, float(reported))
+
+
+def within_noise_of_best(ranked: list[FrozenTrial], top_k: int) -> list[FrozenTrial]:
+    """The trials (best first) that may really be the best: those whose figure is within both trials'
+    noise of the best one, at most ``top_k`` and at least two (when there are two), so a lucky
+    measurement never names the winner alone."""
+    if not ranked or top_k < 1:
+        return []
+    best = ranked[0]
+    out = [best]
+    for t in ranked[1:]:
+        if len(out) >= top_k:
+            break
+        margin = relative_noise(best) + relative_noise(t)
+        if t.value >= best.value * (1 - margin) or len(out) < 2:
+            out.append(t)
+    return out
+
+
 def retime_top(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
                measure: Callable[[MeasureJob], MeasureResult], *, top_k: int = 5, rounds: int = 3,
                settings: MeasureSettings | None = None,
                compiler: Callable[..., CompileOutcome] = compile_outcome) -> dict[str, Any] | None:
-    """Re-time the best ``top_k`` distinct configs plus the default; store and return the winner."""
+    """Re-time the configs that may be the best (:func:`within_noise_of_best`, at most ``top_k``) and the
+    default, interleaved over ``rounds``; store and return the winner."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     # every candidate was checked against the reference when its trial ran; here only time matters
@@ -40,9 +71,7 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
     if not complete:
         return None
     candidates: dict[str, tuple[int, dict[str, int]]] = {}
-    for t in complete:
-        if len(candidates) >= top_k:
-            break
+    for t in within_noise_of_best(complete, top_k):
         candidates.setdefault(config_key(t.params), (t.number, space.validate(t.params)))
     default = space.defaults(problem.head_dim)
     default_trial = st.default_trial(study)
