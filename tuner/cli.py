@@ -369,8 +369,9 @@ def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
     p.add_argument("--compile-workers", type=int, default=default_compile_workers(),
                    help="CPU processes compiling ahead, shared by the GPUs (default %(default)s)")
     p.add_argument("--trial-timeout", type=float, default=120.0, help="seconds before a trial counts as hung")
-    p.add_argument("--top-k", type=int, default=top_k, help="at most so many configs within the noise of the best are re-timed at the end, with the default "
-                        "(0: none; default %(default)s)")
+    p.add_argument("--top-k", type=int, default=top_k,
+                   help="at the end, re-time the configs within the noise of the best, at most this many, with the "
+                        "default (0: none; default %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default %(default)s)")
 
 
