@@ -166,6 +166,28 @@ def test_a_stale_retimed_winner_is_not_shown_as_the_winner(storage_url):
     assert "is stale" in html.unescape(render_report(studies=[study], storage_url=storage_url))
 
 
+def test_throughput_of_each_run_is_read_and_shown(storage_url):
+    from tuner import study as st
+    from tuner.report._throughput import get_throughput_info, render_throughput
+
+    study = make_study(storage_url, "throughput")
+    assert get_throughput_info(study_data(study)).rows == [] and render_throughput(get_throughput_info(
+        study_data(study))) is None
+    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hostb:2:2026-01-02T00:00:00",
+                        {"started": "2026-01-02T00:00:00", "wall_s": 100.0, "evaluated": 400, "kernel_s": 60.0,
+                         "measure_s": 70.0, "compile_wait_s": 5.0, "search_s": 10.0, "storage_s": 8.0})
+    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hosta:1:2026-01-01T00:00:00",
+                        {"started": "2026-01-01T00:00:00", "wall_s": 50.0, "evaluated": 25, "kernel_s": "junk"})
+    info = get_throughput_info(study_data(study))
+    assert [r.run for r in info.rows] == ["hosta:1:2026-01-01T00:00:00", "hostb:2:2026-01-02T00:00:00"]
+    first, second = info.rows
+    assert first.configs_per_s == 0.5 and first.gpu_busy == 0.0  # an unreadable figure counts as 0
+    assert second.configs_per_s == 4.0 and second.gpu_busy == 0.6 and second.compile_wait_s == 5.0
+    table = render_throughput(info)
+    assert "4.00" in table and "60%" in table and table.count("<tr>") == 3
+    assert "Throughput of the tuning runs" in render_report(studies=[study], storage_url=storage_url)
+
+
 # -- the page -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def page(study, storage_url) -> str:

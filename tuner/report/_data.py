@@ -62,6 +62,7 @@ class StudyData:
     winner: dict[str, Any] | None
     space: Space | None
     notes: tuple[str, ...] = field(default=())
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # tuning run -> its throughput figures
 
     @property
     def complete(self) -> list[TrialRow]:
@@ -174,6 +175,8 @@ def study_data(study: optuna.Study) -> StudyData:
                          f"{resolved.get('trial') if resolved else '?'} measured faster after it was re-timed; "
                          "`flashtune best` and `export` serve that trial until the study is re-timed")
             winner = None
+    runs = {k[len(st.THROUGHPUT_PREFIX):]: v for k, v in attrs.items()
+            if k.startswith(st.THROUGHPUT_PREFIX) and isinstance(v, dict)}
     return StudyData(name=study.study_name, family=family, problem=problem, gpu_name=str(gpu.get("name", "?")),
                      knobs=knobs, knob_values=knob_values, knob_help=knob_help, rows=tuple(rows), winner=winner,
-                     space=space, notes=tuple(notes))
+                     space=space, notes=tuple(notes), runs=runs)

@@ -21,6 +21,7 @@ from ._outcomes import get_outcomes_info, plot_outcomes, render_reasons
 from ._parallel import get_parallel_info, plot_parallel
 from ._resources import get_resources_info, plot_resources
 from ._suite import SuiteInfo, plot_suite, render_suite_table
+from ._throughput import get_throughput_info, render_throughput
 from ._top_configs import get_top_configs_info, render_top_configs
 
 __all__ = ["STUDY_FIGURES", "Section", "render_page", "study_sections", "suite_sections"]
@@ -34,6 +35,7 @@ STUDY_FIGURES = {
     "resources": ("TFLOPS against registers, spills and shared memory", True),
     "top-configs": ("Top configs", False),
     "outcomes": ("Pruned, infeasible and failed trials", True),
+    "throughput": ("Throughput of the tuning runs", False),
 }
 
 
@@ -93,6 +95,8 @@ def study_sections(data: StudyData, storage_url: str, *, prefix: str = "study") 
         "top-configs": render_top_configs(get_top_configs_info(data)) or '<p class="ft-note">no measured trial yet</p>',
         "outcomes": _figure(plot_outcomes(outcomes), f"{prefix}-outcomes-plot", "no trial yet")
         + (render_reasons(outcomes) or ""),
+        "throughput": render_throughput(get_throughput_info(data))
+        or '<p class="ft-note">no tuning run has recorded its throughput yet</p>',
     }
     head = Section(f"{prefix}-summary", f"Study {data.name}", _summary(data, storage_url) + _notes(data.notes))
     return [head] + [Section(f"{prefix}-{key}", title, bodies[key]) for key, (title, _) in STUDY_FIGURES.items()]
