@@ -242,6 +242,30 @@ def test_progress_events(storage, toy_space, problem, sm80):
     assert events[-1]["event"] == "done" and events[-1]["evaluated"] == 3 and events[-1]["target"] == 3
     assert sum(e["event"] == "trial" for e in events) == 3
     assert events[-1]["best_tflops"] is not None
+    assert events[-1]["configs_per_s"] > 0 and 0 <= events[-1]["gpu_busy"] and events[-1]["compile_wait_s"] >= 0
+
+
+def test_the_progress_line_shows_throughput():
+    import io
+
+    from tuner.progress import Progress
+
+    out = io.StringIO()
+    Progress(out)({"event": "done", "evaluated": 7, "target": 10, "best_tflops": 512.25, "compiling": 3,
+                   "infeasible": 2, "failed": 1, "configs_per_s": 4.5, "gpu_busy": 0.62})
+    line = out.getvalue()
+    assert "7/10 trials" in line and "512.2 TFLOPS" in line and "4.50 configs/s" in line and "GPU busy 62%" in line
+
+
+def test_a_run_stores_and_returns_its_throughput(storage, toy_space, problem, sm80):
+    study = make_study(storage, toy_space, problem)
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
+    stats = summary.stats
+    assert stats.evaluated == 4 and stats.measured == 4 and stats.wall_s > 0
+    assert stats.measure_s >= 0 and stats.compile_wait_s >= 0 and stats.storage_s > 0
+    stored = [v for k, v in study.user_attrs.items() if k.startswith(st.THROUGHPUT_PREFIX)]
+    assert len(stored) == 1 and stored[0]["evaluated"] == 4 and stored[0]["configs_per_s"] > 0
+    assert "4 configs in" in stats.line() and "GPU busy" in stats.line()
 
 
 @pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])

@@ -36,7 +36,10 @@ class Progress:
         line = self.prefix + (f"{bar}{done}/{target or '∞'} trials  best {best:.1f} TFLOPS" if best is not None
                 else f"{bar}{done}/{target or '∞'} trials  best -")
         line += (f"  compiling {state.get('compiling', 0)}  infeasible {state.get('infeasible', 0)}"
-                 f"  failed {state.get('failed', 0)}  {now - self.start:.0f}s")
+                 f"  failed {state.get('failed', 0)}")
+        if "configs_per_s" in state:
+            line += f"  {state['configs_per_s']:.2f} configs/s  GPU busy {100 * state.get('gpu_busy', 0.0):.0f}%"
+        line += f"  {now - self.start:.0f}s"
         if self.tty:
             self.stream.write("\r\x1b[2K" + line + ("\n" if final else ""))
         else:
