@@ -54,11 +54,12 @@ def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
     assert json.loads(json.dumps(entry)) == tuned.user_attrs["winner"]
     assert st.winner(tuned) == {**entry, "source": "retimed"}
 
-    # 4 candidates x 3 rounds, round-robin, timing only
+    # 4 candidates x 3 rounds, round-robin, each checked again on new inputs
     assert len(measure.calls) == 12
     first_round = [job.tag for job in measure.calls[:4]]
     assert len(set(first_round)) == 4 and [job.tag for job in measure.calls[4:8]] == first_round
-    assert all(not job.settings.check for job in measure.calls)
+    assert all(job.settings.check and job.settings.fresh_inputs and job.settings.timing for job in measure.calls)
+    assert entry["rejected"] == []
     assert all(job.tag.startswith("retime-") for job in measure.calls)
 
 
@@ -88,6 +89,22 @@ def test_a_config_failing_a_round_is_not_a_candidate(tuned, toy_space, problem, 
     entry = retime_top(tuned, toy_space, problem, sm80, FailsBest(), top_k=2, rounds=3, compiler=fake_compiler)
     assert entry["config"] == SECOND
     assert all(c["trial"] != _number(tuned, BEST) for c in entry["candidates"])
+
+
+def test_a_config_wrong_on_new_inputs_is_rejected(tuned, toy_space, problem, sm80):
+    class WrongOnNewInputs(FakeMeasure):
+        def __call__(self, job):
+            if job.config == BEST and job.settings.fresh_inputs:
+                self.calls.append(job)
+                return MeasureResult(status="wrong_result", detail="O relative error 0.5 > 0.002 (fake)")
+            return super().__call__(job)
+
+    measure = WrongOnNewInputs()
+    entry = retime_top(tuned, toy_space, problem, sm80, measure, top_k=2, rounds=3, compiler=fake_compiler)
+    assert entry["config"] == SECOND
+    assert entry["rejected"] == [{"trial": _number(tuned, BEST), "status": "wrong_result",
+                                  "detail": "O relative error 0.5 > 0.002 (fake)"}]
+    assert sum(job.config == BEST for job in measure.calls) == 1  # not measured again once out
 
 
 def test_a_config_that_no_longer_compiles_is_skipped(tuned, toy_space, problem, sm80):
