@@ -127,7 +127,7 @@ def _fingerprint(arrays) -> tuple[int, ...]:
     import cupy
 
     sums = [a.view(f"uint{8 * a.itemsize}").sum(dtype=cupy.uint64) for a in arrays]
-    return tuple(int(s) for s in cupy.stack(sums).get())
+    return tuple(int(s) for s in cupy.asnumpy(cupy.stack(sums)))
 
 
 def make_problem_data(problem, input_scale: float, data_seed: int) -> ProblemData:

@@ -106,7 +106,8 @@ def run_job(job: MeasureJob) -> MeasureResult:
         raise
     if not intact:
         _inputs.discard(data)
-        failure = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
+        wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
+        failure = wrote if failure is None else f"{wrote}; {failure}"
         fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
     accounting = {"kernel_ms": kernel_ms, "job_ms": _ms_since(t_job),
                   "phases_ms": {name: round(ms, 3) for name, ms in phases.items()}}
