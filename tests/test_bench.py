@@ -12,6 +12,7 @@ from tuner import bench
 from tuner.bench import run_bench, study_for_bench
 from tuner.cli import main
 from tuner.export import ExportError
+from tuner.jobs import MeasureSettings
 from tuner.problem import Problem
 from tuner.space import load_space
 from tuner.study import winner
@@ -55,6 +56,18 @@ def test_run_bench_times_the_given_problem_beside_the_peers(storage_url, monkeyp
     text = out.getvalue()
     assert text.startswith(f"{STUDY_PROBLEM.slug()} on Stand-in GPU")
     assert "config: " + ", ".join(f"{k}={v}" for k, v in config.items()) in text
+
+
+def test_bench_checks_the_config_on_inputs_of_its_own(storage_url, monkeypatch):
+    monkeypatch.setattr(bench, "compile_outcome", standin_compile)
+    family, problem, config = study_for_bench("d64", storage_url)
+    jobs = []
+    with Worker(handler=HANDLER) as worker:
+        measure = worker.measure
+        monkeypatch.setattr(worker, "measure", lambda job, **kw: jobs.append(job) or measure(job, **kw))
+        run_bench(worker, worker.call("device_info"), family, problem, config=config, out=io.StringIO(),
+                  settings=MeasureSettings(check=False, seed=5))
+    assert [(j.settings.check, j.settings.fresh_inputs, j.settings.seed) for j in jobs] == [(True, True, 5)]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

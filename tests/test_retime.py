@@ -59,12 +59,13 @@ def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
     assert json.loads(json.dumps(entry)) == tuned.user_attrs["winner"]
     assert st.winner(tuned) == {**entry, "source": "retimed"}
 
-    # each candidate x 3 rounds, round-robin, timing only
+    # each candidate x 3 rounds, round-robin, each checked again on new inputs
     n = len(contenders)
     assert len(measure.calls) == 3 * n
     first_round = [job.tag for job in measure.calls[:n]]
     assert len(set(first_round)) == n and [job.tag for job in measure.calls[n:2 * n]] == first_round
-    assert all(not job.settings.check for job in measure.calls)
+    assert all(job.settings.check and job.settings.fresh_inputs and job.settings.timing for job in measure.calls)
+    assert entry["rejected"] == []
     assert all(job.tag.startswith("retime-") for job in measure.calls)
 
 
@@ -94,6 +95,22 @@ def test_a_config_failing_a_round_is_not_a_candidate(tuned, toy_space, problem, 
     entry = retime_top(tuned, toy_space, problem, sm80, FailsBest(), top_k=2, rounds=3, compiler=fake_compiler)
     assert entry["config"] == SECOND
     assert all(c["trial"] != _number(tuned, BEST) for c in entry["candidates"])
+
+
+def test_a_config_wrong_on_new_inputs_is_rejected(tuned, toy_space, problem, sm80):
+    class WrongOnNewInputs(FakeMeasure):
+        def __call__(self, job):
+            if job.config == BEST and job.settings.fresh_inputs:
+                self.calls.append(job)
+                return MeasureResult(status="wrong_result", detail="O relative error 0.5 > 0.002 (fake)")
+            return super().__call__(job)
+
+    measure = WrongOnNewInputs()
+    entry = retime_top(tuned, toy_space, problem, sm80, measure, top_k=2, rounds=3, compiler=fake_compiler)
+    assert entry["config"] == SECOND
+    assert entry["rejected"] == [{"trial": _number(tuned, BEST), "status": "wrong_result",
+                                  "detail": "O relative error 0.5 > 0.002 (fake)"}]
+    assert sum(job.config == BEST for job in measure.calls) == 1  # not measured again once out
 
 
 def test_a_config_that_no_longer_compiles_is_skipped(tuned, toy_space, problem, sm80):
@@ -149,6 +166,6 @@ def test_the_candidates_are_the_trials_within_the_noise_of_the_best():
     assert [t.value for t in within_noise_of_best(_ranked((100.0, 0.0), (50.0, 0.0)), 5)] == [100.0, 50.0]
     assert within_noise_of_best([], 5) == [] and within_noise_of_best(ranked, 0) == []
     # a confidence half-width from the worker takes precedence over the spread
-    ci = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": 0.5, "ci_rel": c}})
+    ci = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": 0.5, "rel_ci": c}})
           for v, c in ((100.0, 0.002), (97.0, 0.002), (96.0, 0.002))]
     assert [t.value for t in within_noise_of_best(ci, 5)] == [100.0, 97.0]

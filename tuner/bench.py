@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TextIO
 
 from .compile import CompileError, compile_outcome
@@ -27,7 +28,8 @@ def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Prob
 def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Problem, *, config: dict[str, int],
               out: TextIO, settings: MeasureSettings | None = None) -> list[dict[str, Any]]:
     """Time ``config`` (every knob) of ``family`` on ``problem`` against the peers; print the table on ``out``."""
-    settings = settings or MeasureSettings()
+    # checked, on inputs of its own: a config must compute the right function on inputs it was not tuned on
+    settings = dataclasses.replace(settings or MeasureSettings(), check=True, fresh_inputs=True)
     space = load_space(family)
     device = DeviceLimits.from_info(info)
     chosen = space.validate(config)

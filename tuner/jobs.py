@@ -26,15 +26,28 @@ TOLERANCES = {"fp16": (2e-3, 1e-3), "bf16": (1e-2, 1e-3)}
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureSettings:
-    warmup_ms: float = 25.0
-    min_reps: int = 10
-    max_reps: int = 100
-    target_ms: float = 200.0
-    flush_l2: bool = True
+    """How the GPU worker checks and times one kernel (``tuner.gpu.measure``).
+
+    Timing is adaptive (``tuner.gpu.stopping``): launches are queued in batches, each between
+    two events with an L2 flush before it, and timing stops once the median latency is known to
+    ``rel_ci`` (95% confidence, half-width over the median), after ``max_reps`` timed launches,
+    or once the timed batches have taken ``target_ms`` of wall time, whichever comes first, but
+    never before ``min_reps`` launches.
+    """
+
+    warmup_ms: float = 5.0  # launches before timing, about this much kernel time (at least 1, at most 50)
+    min_reps: int = 10  # timed launches at least, whatever the time cap says
+    max_reps: int = 500  # timed launches at most
+    target_ms: float = 100.0  # time cap (ms of wall time) of the timed batches
+    rel_ci: float = 0.01  # stop when the median is known to this (half-width of its 95% interval / median)
+    flush_l2: bool = True  # overwrite a buffer of twice the device's L2 before every launch
     check: bool = True
     timing: bool = True
     seed: int = 0
     input_scale: float = 1.0  # standard deviation of Q, K, V: larger widens the score range (rescale stress)
+    # new inputs and a new reference for this job instead of the worker's cached ones for the problem
+    # (re-timing a winner: it must compute the right function on inputs it was not tuned on)
+    fresh_inputs: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,12 +71,16 @@ class MeasureJob:
 class MeasureResult:
     status: Status
     detail: str = ""
-    latency_ms: float | None = None
+    latency_ms: float | None = None  # median of the timed launches
     spread: float | None = None  # interquartile range over the median
-    reps: int = 0
+    reps: int = 0  # timed launches in the median
     tflops: float | None = None
     rel_error: float | None = None
     lse_error: float | None = None
+    rel_ci: float | None = None  # half-width of the median's 95% confidence interval over the median
+    kernel_ms: float | None = None  # GPU time of this job's kernel launches (check, warm-up, timed), event-timed
+    job_ms: float | None = None  # the worker's wall time for the job
+    phases_ms: dict[str, float] = field(default_factory=dict)  # job_ms by phase: load, inputs, check, timing
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,8 @@
 One trial's timing can be lucky (clock boost, a quiet neighbour). Measuring the top k again
 in round-robin order, several rounds, and taking each config's median over the rounds gives
 a fair comparison measured under the same conditions; the winner is stored on the study.
+Every round also checks each candidate again, on new inputs: a winner must compute the right
+function on inputs it was not tuned on. A candidate that fails a round is out (``rejected``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def relative_noise(trial: FrozenTrial) -> float:
     """How far a trial's figure may be off, relative: its measurement's confidence half-width when the
     worker reported one, else its interquartile spread, at least :data:`NOISE_FLOOR`."""
     m = trial.user_attrs.get(st.MEASUREMENT) or {}
-    reported = m.get("ci_rel")
+    reported = m.get("rel_ci")
     if reported is None:
         reported = (m.get("spread") or 0.0) / 2
     return max(NOISE_FLOOR, float(reported))
@@ -64,8 +66,8 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
     default, interleaved over ``rounds``; store and return the winner."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
-    # every candidate was checked against the reference when its trial ran; here only time matters
-    settings = dataclasses.replace(settings or MeasureSettings(), check=False)
+    # the trials were checked on the inputs the worker kept for the study; here on new ones, each round
+    settings = dataclasses.replace(settings or MeasureSettings(), check=True, fresh_inputs=True)
     complete = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                        if st.DUPLICATE_OF not in t.user_attrs), key=lambda t: t.value, reverse=True)
     if not complete:
@@ -84,11 +86,16 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
         if outcome.status == "ok" and outcome.kernel is not None:
             jobs[key] = measure_job_for(space, config, problem, device, outcome.kernel, settings, tag=f"retime-{number}")
     samples: dict[str, list[float]] = {key: [] for key in jobs}
+    rejected: dict[str, MeasureResult] = {}
     for _ in range(rounds):
         for key, job in jobs.items():
+            if key in rejected:
+                continue
             result = measure(job)
             if result.ok and result.latency_ms is not None:
                 samples[key].append(result.latency_ms)
+            else:
+                rejected[key] = result
     timed = {key: statistics.median(v) for key, v in samples.items() if len(v) == rounds}
     if not timed:
         return None
@@ -107,6 +114,8 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
         "seen_trials": sorted(t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
         "candidates": [{"trial": candidates[k][0], "latency_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12}
                        for k, ms in sorted(timed.items(), key=lambda kv: kv[1])],
+        "rejected": [{"trial": candidates[k][0], "status": r.status, "detail": r.detail[:300]}
+                     for k, r in rejected.items()],
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     study.set_user_attr("winner", entry)

@@ -3,6 +3,10 @@
 Every family the GPU can run × fp16/bf16 × head dims × causal or not × odd lengths, GQA and
 seqlen_q != seqlen_k (fully masked rows) × a set of configs in which every value of every
 knob appears at least once. Outputs are poisoned, inputs random, the reference float32.
+
+Fast by the tuner's own means: every kernel of the matrix is compiled up front in one pool
+sized to the cores, the jobs are check-only, and they run problem by problem, so the worker
+makes each problem's inputs and reference once and checks every config on them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from tuner.jobs import measure_job_for
 
 from tests.test_kernel_builds import REPRESENTATIVE
 
-from .conftest import compile_all
+from .conftest import compile_many
 
 pytestmark = pytest.mark.gpu
 
@@ -63,32 +67,52 @@ def covering_configs(space, device, head_dim, seed=0):
     return chosen
 
 
+@pytest.fixture(scope="module")
+def matrix(device) -> dict:
+    """family -> (space, kernels by (config items, dtype, head dim, causal), compile failures), for every
+    family that runs on this GPU; all of them compiled in one pool."""
+    spaces = [space for space in map(load_space, available_families()) if space.runs_on(device.arch) is None]
+    jobs = []
+    for space in spaces:
+        configs = {d: covering_configs(space, device, d) for d in space.family.head_dims}
+        jobs += [(space, c, problems_for(*static)[0]) for static in statics(space) for c in configs[static[1]]]
+    outcomes = compile_many(jobs, device)
+    out = {space.name: (space, {}, []) for space in spaces}
+    for (space, c, p), o in zip(jobs, outcomes):
+        _, kernels, failed = out[space.name]
+        if o.status == "ok":
+            kernels[(tuple(c.items()), p.dtype, p.head_dim, p.causal)] = o.kernel
+        else:
+            failed.append((c, p.slug(), o.reason))
+    return out
+
+
 @pytest.fixture(scope="module", params=available_families())
-def compiled(request, device):
+def compiled(request, device, matrix):
     space = load_space(request.param)
     reason = space.runs_on(device.arch)
     if reason:
         pytest.skip(reason)
-    configs = {d: covering_configs(space, device, d) for d in space.family.head_dims}
-    pairs = [(c, problems_for(*s)[0]) for s in statics(space) for c in configs[s[1]]]
-    outcomes = compile_all(space, pairs, device)
-    failed = [(c, p.slug(), o.reason) for (c, p), o in zip(pairs, outcomes) if o.status != "ok"]
+    space, kernels, failed = matrix[request.param]
     assert not failed, f"compile failures: {failed[:3]}"
-    return space, {(tuple(c.items()), p.dtype, p.head_dim, p.causal): o.kernel for (c, p), o in zip(pairs, outcomes)}
+    return space, kernels
 
 
 def test_every_config_is_correct_on_every_shape(compiled, worker, device):
     space, kernels = compiled
-    failures, checked = [], 0
+    by_static: dict[tuple, list] = {}
     for (items, dtype, head_dim, causal), kernel in kernels.items():
-        config = dict(items)
-        for problem in problems_for(dtype, head_dim, causal):
+        by_static.setdefault((dtype, head_dim, causal), []).append((dict(items), kernel))
+    failures, checked = [], 0
+    for static, configs in by_static.items():
+        for problem in problems_for(*static):
             for scale in (1.0, 3.0):  # 3.0 widens the score range: stresses lazy rescaling
                 settings = MeasureSettings(timing=False, input_scale=scale)
-                job = measure_job_for(space, config, problem, device, kernel, settings, tag="matrix")
-                result = worker.measure(job, timeout_s=120)
-                checked += 1
-                if not result.ok:
-                    failures.append(f"{problem.slug()} x{scale} {config}: {result.status} {result.detail}")
-    assert checked >= len(kernels) * len(SHAPES)
+                for config, kernel in configs:  # one problem's inputs and reference serve every config
+                    job = measure_job_for(space, config, problem, device, kernel, settings, tag="matrix")
+                    result = worker.measure(job, timeout_s=120)
+                    checked += 1
+                    if not result.ok:
+                        failures.append(f"{problem.slug()} x{scale} {config}: {result.status} {result.detail}")
+    assert checked == len(kernels) * len(SHAPES) * 2
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:20])

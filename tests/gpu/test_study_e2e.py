@@ -28,11 +28,19 @@ def test_twenty_trial_study_then_resume(tmp_path, capsys):
         if t.state == TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
             assert t.value > 1.0  # TFLOPS
             assert t.user_attrs[RESOURCES]["registers"] > 0
-            assert t.user_attrs[MEASUREMENT]["rel_error"] < 5e-3
+            m = t.user_attrs[MEASUREMENT]
+            assert m["rel_error"] < 5e-3
+            assert 0 < m["kernel_ms"] <= m["job_ms"] and m["rel_ci"] is not None and m["reps"] >= 10
         elif t.state == TrialState.PRUNED:
             assert t.user_attrs.get("reason") or t.user_attrs.get("duplicate_of") is not None
+    # the study's inputs and reference were made once (again only after a job that may have spoilt them)
+    made = sum((t.user_attrs[MEASUREMENT].get("phases_ms") or {}).get("inputs", 0) > 0
+               for t in trials if isinstance(t.user_attrs.get(MEASUREMENT), dict))
+    remade = sum(t.user_attrs.get(STATUS) in ("wrong_result", "crashed", "launch_error", "timeout") for t in trials)
+    assert 1 <= made <= 1 + remade
     winner = study.user_attrs["winner"]
     assert winner["tflops"] > 0 and winner["speedup_over_default"] > 0
+    assert winner["rejected"] == []  # every candidate is right on fresh inputs too
     assert study.user_attrs["gpu"]["name"]
     before = len(trials)
     assert main(args) == 0  # resume: the budget is already spent, nothing new is measured

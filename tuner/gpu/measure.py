@@ -2,44 +2,37 @@
 
 Runs inside the process started by :class:`tuner.worker.Worker`; a CUDA error here is fatal
 (``is_fatal``), so the worker exits and the next job gets a fresh context.
+
+A job's phases, each in :attr:`MeasureResult.phases_ms`: ``load`` (module, function, kernel
+arguments), ``inputs`` (random Q, K, V and their reference, made once per problem and kept:
+0 when kept data served the job, see :mod:`.inputs`), ``check`` (one launch on poisoned
+outputs, compared with the reference on every (batch, head)) and ``timing`` (adaptive, see
+:func:`time_kernel`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import cupy
-import numpy as np
 
-from ..jobs import TOLERANCES, MeasureJob, MeasureResult
+from ..jobs import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings
+from .inputs import InputCache, ProblemData, check_rows, make_problem_data, softmax_scale
 from .launch import load_kernel
-from .reference import masked_rows, reference_head
-from .tensors import poison, random_inputs, storage_dtype, to_float32
+from .reference import masked_rows
+from .stopping import TimingStats, next_batch, timing_stats, warmup_launches
+from .tensors import poison, storage_dtype, to_float32
 
-__all__ = ["setup", "is_fatal", "device_count", "device_info", "run_job", "check_kernel", "time_kernel"]
+__all__ = ["setup", "is_fatal", "device_count", "device_info", "run_job", "check_kernel", "check_output",
+           "time_kernel", "Timing", "check_rows"]
 
-_FULL_CHECK_ELEMENTS = 1 << 28  # every row of every head when B*H*Nq*Nk is at most this, else strided rows
-_MAX_ROW_STRIDE = 64  # one consumer warpgroup's rows: a strided check still sees every 64-row block
-_jobs_run = 0
-
-
-def check_rows(batch: int, heads: int, seqlen_q: int, seqlen_k: int, rng: np.random.Generator) -> np.ndarray | None:
-    """The query rows each (batch, head) is compared on: None for all of them, else every
-    ``stride``-th row from a random offset, plus the last row.
-
-    Every (batch, head) is always checked, so a kernel that computes some work units wrong
-    (a scheduler or cluster bug) cannot pass on the units it gets right. The stride is the
-    smallest power of two that keeps the reference within ``_FULL_CHECK_ELEMENTS``, at most
-    ``_MAX_ROW_STRIDE``, so every block of 64 query rows has a row in the check.
-    """
-    stride = 1
-    while batch * heads * math.ceil(seqlen_q / stride) * seqlen_k > _FULL_CHECK_ELEMENTS and stride < _MAX_ROW_STRIDE:
-        stride *= 2
-    if stride == 1:
-        return None
-    rows = np.arange(int(rng.integers(stride)), seqlen_q, stride)
-    return np.union1d(rows, [seqlen_q - 1])
+_FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not say how large its L2 is
+_inputs: InputCache[ProblemData] = InputCache(make_problem_data, capacity=2)  # this process's kept problems
+_event_pool: list[tuple[cupy.cuda.Event, cupy.cuda.Event]] = []
 
 
 def setup(device: int) -> None:
@@ -65,94 +58,193 @@ def device_count(_: object = None) -> int:
     return cupy.cuda.runtime.getDeviceCount()
 
 
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
 def run_job(job: MeasureJob) -> MeasureResult:
-    global _jobs_run
-    _jobs_run += 1
-    p = job.problem
+    t_job = time.perf_counter()
+    p, settings = job.problem, job.settings
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
     kernel = load_kernel(job.cubin_path, job.entry, abi=job.abi, grid=job.grid, threads=job.threads,
                          smem_bytes=job.smem_bytes, config=job.config, abi_params=job.abi_params)
-    seed = job.settings.seed * 1_000_003 + _jobs_run * 7919 + int(time.time_ns() % 1_000_000)
-    q, k, v = random_inputs(p, seed, scale=job.settings.input_scale)
-    o = cupy.empty(q.shape, dtype=storage_dtype(p.dtype))
+    phases["load"] = _ms_since(t0)
+    t0 = time.perf_counter()
+    data, reused = _inputs.get(p, settings.input_scale, settings.seed, fresh=settings.fresh_inputs)
+    phases["inputs"] = 0.0 if reused else _ms_since(t0)
+    t0 = time.perf_counter()
+    o = cupy.empty(data.q.shape, dtype=storage_dtype(p.dtype))
     lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
-    scale = 1.0 / math.sqrt(p.head_dim)
-    args = kernel.args(q, k, v, o, lse, scale)
-    rel_error = lse_error = None
-    if job.settings.check:
-        failure, rel_error, lse_error = check_kernel(kernel, args, p, q, k, v, o, lse, scale, seed)
-        if failure:
-            return MeasureResult(status="wrong_result", detail=failure, rel_error=rel_error, lse_error=lse_error)
-    if not job.settings.timing:
-        return MeasureResult(status="ok", rel_error=rel_error, lse_error=lse_error)
-    median_ms, spread, reps = time_kernel(lambda: kernel.launch(args), job.settings)
-    return MeasureResult(status="ok", latency_ms=median_ms, spread=spread, reps=reps,
-                         tflops=p.flops / (median_ms * 1e-3) / 1e12, rel_error=rel_error, lse_error=lse_error)
+    args = kernel.args(data.q, data.k, data.v, o, lse, softmax_scale(p))
+    phases["load"] += _ms_since(t0)  # the arguments (tensor maps) belong to loading the kernel
+
+    kernel_ms = 0.0
+    check_ms: float | None = None
+    fields: dict[str, object] = {}
+    failure = None
+    try:
+        if settings.check:
+            t0 = time.perf_counter()
+            failure, rel_error, lse_error, check_ms = check_kernel(kernel, args, p, data, o, lse)
+            kernel_ms += check_ms
+            fields.update(rel_error=rel_error, lse_error=lse_error)
+            phases["check"] = _ms_since(t0)
+        if settings.timing and failure is None:
+            t0 = time.perf_counter()
+            timing = time_kernel(lambda: kernel.launch(args), settings, estimate_ms=check_ms)
+            kernel_ms += timing.kernel_ms
+            stats = timing.stats
+            fields.update(latency_ms=stats.median_ms, spread=stats.spread, reps=stats.reps, rel_ci=stats.rel_ci,
+                          tflops=p.flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None)
+            phases["timing"] = _ms_since(t0)
+        t0 = time.perf_counter()
+        intact = data.intact()
+        phases["check"] = phases.get("check", 0.0) + _ms_since(t0)
+    except BaseException:
+        _inputs.discard(data)  # a launch may have written over it, and nothing vetted it
+        raise
+    if not intact:
+        _inputs.discard(data)
+        wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
+        failure = wrote if failure is None else f"{wrote}; {failure}"
+        fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
+    accounting = {"kernel_ms": kernel_ms, "job_ms": _ms_since(t_job),
+                  "phases_ms": {name: round(ms, 3) for name, ms in phases.items()}}
+    if failure:
+        return MeasureResult(status="wrong_result", detail=failure, **fields, **accounting)
+    return MeasureResult(status="ok", **fields, **accounting)
 
 
-def check_kernel(kernel, args, p, q, k, v, o, lse, scale: float, seed: int) -> tuple[str | None, float, float]:
-    """Run once on poisoned outputs; return (failure or None, worst relative O error, worst LSE error)."""
+def check_kernel(kernel, args, p, data: ProblemData, o, lse) -> tuple[str | None, float, float, float]:
+    """Run once on poisoned outputs; return (failure or None, worst relative O error over the (batch, head)
+    pairs, worst LSE error, the launch's GPU time in ms)."""
     poison(o, p.dtype)
     poison(lse)
-    kernel.launch(args)
-    cupy.cuda.Device().synchronize()
+    launch_ms = _timed_batch(lambda: kernel.launch(args), 1, None)[0]
+    return (*check_output(p, data, o, lse), launch_ms)
+
+
+def check_output(p, data: ProblemData, o, lse) -> tuple[str | None, float, float]:
+    """Compare a kernel's output with the reference: (failure or None, worst relative O error over the
+    (batch, head) pairs, worst LSE error). ``o`` [B, Nq, Hq, D] in the storage type, ``lse`` fp32
+    [B, Hq, Nq]; CuPy arrays, or NumPy ones (the CPU tests)."""
+    xp = cupy.get_array_module(o)
     of = to_float32(o, p.dtype)
-    bad = int((~cupy.isfinite(of)).sum())
+    bad = int((~xp.isfinite(of)).sum())
     if bad:
         return f"{bad} of {of.size} output elements are unwritten or not finite", math.inf, math.inf
-    nan_lse = int(cupy.isnan(lse).sum())
+    nan_lse = int(xp.isnan(lse).sum())
     if nan_lse:
         return f"{nan_lse} of {lse.size} LSE values are unwritten or NaN", math.inf, math.inf
     dead = masked_rows(p.seqlen_q, p.seqlen_k, p.causal)
     if dead:
-        if bool((of[:, :dead] != 0).any()) or bool((lse[:, :, :dead] != -cupy.inf).any()):
+        if bool((of[:, :dead] != 0).any()) or bool((lse[:, :, :dead] != -xp.inf).any()):
             return f"rows that see no key must give O = 0 and LSE = -inf (first {dead} rows)", math.inf, math.inf
-    if bool(cupy.isneginf(lse[:, :, dead:]).any()):
+    if bool(xp.isneginf(lse[:, :, dead:]).any()):
         return "LSE is -inf on a row that sees keys", math.inf, math.inf
 
-    group = p.heads_q // p.heads_kv
-    rows = check_rows(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, np.random.default_rng(seed))
-    picked = slice(None) if rows is None else cupy.asarray(rows)
+    rel, lse_err = _errors_by_head(of, lse, data)
     o_tol, lse_tol = TOLERANCES[p.dtype]
-    worst_rel = worst_lse = 0.0
-    for b, h in ((b, h) for b in range(p.batch) for h in range(p.heads_q)):
-        qh, kh, vh = (to_float32(x, p.dtype) for x in (q[b, :, h], k[b, :, h // group], v[b, :, h // group]))
-        ref_o, ref_lse = reference_head(qh, kh, vh, scale, p.causal, rows=rows)
-        got = of[b, :, h][picked]
-        norm = float(cupy.linalg.norm(ref_o))
-        rel = float(cupy.linalg.norm(got - ref_o)) / max(norm, 1e-30) if norm else float(cupy.abs(got).max())
-        live = cupy.isfinite(ref_lse)
-        lse_err = float(cupy.abs(lse[b, h][picked][live] - ref_lse[live]).max()) if bool(live.any()) else 0.0
-        worst_rel, worst_lse = max(worst_rel, rel), max(worst_lse, lse_err)
-        if not rel <= o_tol:
-            return f"O relative error {rel:.3g} > {o_tol:g} at batch {b}, head {h}", worst_rel, worst_lse
-        if not lse_err <= lse_tol:
-            return f"LSE error {lse_err:.3g} > {lse_tol:g} at batch {b}, head {h}", worst_rel, worst_lse
+    worst_rel, worst_lse = float(rel.max()), float(lse_err.max())
+    for b in range(p.batch):  # every (batch, head) is checked; the first that fails is named
+        for h in range(p.heads_q):
+            if not rel[b, h] <= o_tol:
+                return f"O relative error {rel[b, h]:.3g} > {o_tol:g} at batch {b}, head {h}", worst_rel, worst_lse
+            if not lse_err[b, h] <= lse_tol:
+                return f"LSE error {lse_err[b, h]:.3g} > {lse_tol:g} at batch {b}, head {h}", worst_rel, worst_lse
     return None, worst_rel, worst_lse
 
 
-def time_kernel(launch, settings) -> tuple[float, float, int]:
-    """Median latency (ms) over many event-timed launches after warm-up, its IQR/median, and the count."""
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    flush = cupy.empty(64 * 1024 * 1024, dtype=cupy.int32) if settings.flush_l2 else None  # 256 MB > any L2
+def _errors_by_head(of, lse, data: ProblemData):
+    """Per (batch, head), on the checked rows, as NumPy [B, H]: the relative L2 error of O (the largest
+    |O| where the reference is all zero) and the largest |LSE - reference| over rows that see a key.
+    ``of``: the output as fp32 [B, Nq, H, D]; ``lse``: [B, H, Nq]. CuPy or NumPy arrays."""
+    xp = cupy.get_array_module(of)
+    if data.rows is None:
+        got, got_lse = of, lse
+    else:
+        picked = xp.asarray(data.rows)
+        got, got_lse = of[:, picked], lse[:, :, picked]
+    ref_o, ref_lse = data.ref_o, data.ref_lse
+    err = xp.sqrt(xp.square(got - ref_o).sum(axis=(1, 3)))
+    norm = xp.sqrt(xp.square(ref_o).sum(axis=(1, 3)))
+    largest = xp.abs(got).max(axis=(1, 3))
+    rel = xp.where(norm > 0, err / xp.maximum(norm, xp.float32(1e-30)), largest)
+    live = xp.isfinite(ref_lse)
+    zero = xp.float32(0.0)
+    lse_err = xp.where(live, xp.abs(got_lse - xp.where(live, ref_lse, zero)), zero).max(axis=2)
+    both = cupy.asnumpy(xp.stack([rel, lse_err]))  # one sync
+    return both[0], both[1]
 
-    def once(i: int) -> float:
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """What :func:`time_kernel` measured: the statistics of the timed launches, the GPU time of every
+    launch it made (warm-up included) and how many were warm-up."""
+
+    stats: TimingStats
+    kernel_ms: float
+    warmup_reps: int
+
+
+def _event_pairs(n: int) -> list:
+    """``n`` (start, end) timing events, reused from call to call (every use ends with a sync)."""
+    while len(_event_pool) < n:
+        _event_pool.append((cupy.cuda.Event(), cupy.cuda.Event()))
+    return _event_pool[:n]
+
+
+@functools.cache
+def _flush_buffer():
+    """A buffer of twice the device's L2: overwriting it evicts whatever the last launch left there."""
+    device = cupy.cuda.Device()
+    l2_bytes = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrL2CacheSize, device.id)
+    nbytes = 2 * l2_bytes if l2_bytes > 0 else _FALLBACK_FLUSH_BYTES
+    return cupy.empty(nbytes // 4, dtype=cupy.int32)
+
+
+def _timed_batch(launch: Callable[[], object], n: int, flush) -> list[float]:
+    """Queue ``n`` launches, each between two events and after a flush of the L2 when ``flush`` is
+    given; one host sync at the end. Returns each launch's GPU time in ms."""
+    stream = cupy.cuda.get_current_stream()
+    pairs = _event_pairs(n)
+    for i, (start, end) in enumerate(pairs):
         if flush is not None:
-            flush.fill(i)
-        start.record()
+            flush.fill(i + 1)  # on the current stream, before the start event: not timed
+        start.record(stream)
         launch()
-        end.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end)
+        end.record(stream)
+    pairs[-1][1].synchronize()
+    return [cupy.cuda.get_elapsed_time(start, end) for start, end in pairs]
 
-    warm_start = time.perf_counter()
-    first = once(0)
-    while (time.perf_counter() - warm_start) * 1e3 < settings.warmup_ms:
-        first = once(0)
-    reps = int(min(settings.max_reps, max(settings.min_reps, settings.target_ms / max(first, 1e-3))))
-    times = np.array([once(i + 1) for i in range(reps)])
-    median = float(np.median(times))
-    q1, q3 = np.percentile(times, [25, 75])
-    return median, float((q3 - q1) / median), reps
+
+def time_kernel(launch: Callable[[], object], settings: MeasureSettings, *, estimate_ms: float | None = None) -> Timing:
+    """Time ``launch`` (work queued on CuPy's current stream) adaptively, as Triton's ``do_bench`` does.
+
+    Warm-up launches (about ``settings.warmup_ms`` of kernel time; a launch alone first when no
+    ``estimate_ms`` of one launch is known), then batches of event-timed launches, each after an L2
+    flush, with no host sync inside a batch, until :func:`.stopping.next_batch` says the median is
+    known to ``settings.rel_ci``, or ``settings.max_reps`` launches or ``settings.target_ms`` of
+    wall time are reached (never below ``settings.min_reps``).
+    """
+    flush = _flush_buffer() if settings.flush_l2 else None
+    kernel_ms, warm = 0.0, 0
+    if estimate_ms is None:
+        first = _timed_batch(launch, 1, flush)
+        estimate_ms, kernel_ms, warm = first[0], first[0], 1
+    more = warmup_launches(settings.warmup_ms, estimate_ms) - warm
+    if more > 0:
+        kernel_ms += sum(_timed_batch(launch, more, flush))
+        warm += more
+    samples: list[float] = []
+    t0 = time.perf_counter()
+    while (n := next_batch(samples, spent_ms=_ms_since(t0), min_reps=settings.min_reps, max_reps=settings.max_reps,
+                           budget_ms=settings.target_ms, rel_ci=settings.rel_ci)) > 0:
+        batch = _timed_batch(launch, n, flush)
+        samples += batch
+        kernel_ms += sum(batch)
+    return Timing(stats=timing_stats(samples), kernel_ms=kernel_ms, warmup_reps=warm)
 
 
 def run_peers(argument: tuple) -> list[dict[str, object]]:

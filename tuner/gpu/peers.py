@@ -1,6 +1,8 @@
 """Peers timed in the same run as a flashtune kernel: PyTorch SDPA backends and a large cuBLAS GEMM.
 
 Runs in the GPU worker. Needs PyTorch; a backend that refuses the shape is reported, not fatal.
+Timed by :func:`.measure.time_kernel`, the method flashtune's kernels are timed with (PyTorch
+launches on the legacy default stream, CuPy's current stream here, so the events frame them).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import math
 
 from ..jobs import MeasureSettings
 from .measure import time_kernel
+from .stopping import TimingStats
 
 __all__ = ["SDPA_BACKENDS", "time_peers"]
 
@@ -46,15 +49,19 @@ def time_peers(argument: tuple) -> list[dict[str, object]]:
                          enable_gqa=p.heads_q != p.heads_kv)
                 run()
                 torch.cuda.synchronize()
-                ms, spread, reps = time_kernel(run, settings)
-            rows.append({"name": name, "latency_ms": ms, "tflops": p.flops / (ms * 1e-3) / 1e12, "spread": spread,
-                         "detail": ""})
+                stats = time_kernel(run, settings).stats
+            rows.append({"name": name, "detail": "", **_row(stats, p.flops)})
         except RuntimeError as e:
             rows.append({"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]})
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
     b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
-    ms, spread, _ = time_kernel(lambda: torch.matmul(a, b), settings)
-    rows.append({"name": f"cublas_gemm_{n}", "latency_ms": ms, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
-                 "spread": spread, "detail": "random inputs"})
+    stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
+    rows.append({"name": f"cublas_gemm_{n}", "detail": "random inputs", **_row(stats, 2.0 * n**3)})
     return rows
+
+
+def _row(stats: TimingStats, flops: float) -> dict[str, object]:
+    tflops = flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None
+    return {"latency_ms": stats.median_ms, "tflops": tflops, "spread": stats.spread, "rel_ci": stats.rel_ci,
+            "reps": stats.reps}

@@ -1,4 +1,6 @@
-"""16-bit tensors on CuPy: fp16 natively, bf16 as raw uint16 bits (CuPy has no bfloat16 type)."""
+"""16-bit tensors on CuPy: fp16 natively, bf16 as raw uint16 bits (CuPy has no bfloat16 type).
+
+The conversions and ``poison`` also take NumPy arrays (the CPU tests use them)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ def from_float32(x, dtype: str):
     """Round fp32 to the 16-bit type (round to nearest even for bf16)."""
     if dtype == "fp16":
         return x.astype(cupy.float16)
-    bits = cupy.ascontiguousarray(x, dtype=cupy.float32).view(cupy.uint32)
+    xp = cupy.get_array_module(x)
+    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
     rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) >> 16
     return rounded.astype(cupy.uint16)
 
