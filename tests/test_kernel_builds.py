@@ -38,6 +38,22 @@ SM90_REPRESENTATIVE = {
     "shared_kv_barriers_serial_pingpong": {"kv_barriers": 1, "intra_wg_overlap": 0, "pingpong": 1},
     "shared_kv_barriers_cluster_persistent": {"kv_barriers": 1, "cta_mode": 2, "persistent": 1, "producer_regs": 32,
                                               "consumer_regs": 232},
+    # two CTAs per SM: one consumer warpgroup each, registers and shared memory halved
+    "two_ctas_per_sm": {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232, "block_n": 64},
+    "two_ctas_per_sm_persistent": {"ctas_per_sm": 2, "persistent": 1, "consumer_wgs": 1, "producer_regs": 24,
+                                   "consumer_regs": 232, "block_n": 64},
+    "two_ctas_per_sm_cluster_serial": {"ctas_per_sm": 2, "cta_mode": 2, "consumer_wgs": 1, "producer_regs": 32,
+                                       "consumer_regs": 224, "block_n": 64, "intra_wg_overlap": 0},
+}
+# sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
+SM90_D64_REPRESENTATIVE = {
+    "d64_three_wgs_bn128": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128},
+    "d64_three_wgs_serial_bn160_persistent": {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160,
+                                              "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
+    "d64_two_ctas_per_sm_bn128_poly_exp": {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24,
+                                           "consumer_regs": 232, "block_n": 128, "poly_exp": 2},
+    "d64_two_ctas_per_sm_persistent_bn176": {"ctas_per_sm": 2, "persistent": 1, "consumer_wgs": 1,
+                                             "producer_regs": 24, "consumer_regs": 232, "block_n": 176},
 }
 # sm90 at head dim 256 (its default has block_n 80): the code paths that still fit beside a 64 KB Q tile
 SM90_D256_REPRESENTATIVE = {
@@ -51,7 +67,7 @@ SM90_D256_REPRESENTATIVE = {
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
 #: at every head dim where they are feasible (missing knobs: that head dim's defaults)
-REPRESENTATIVE = {"sm90": {**SM90_REPRESENTATIVE, **SM90_D256_REPRESENTATIVE}}
+REPRESENTATIVE = {"sm90": {**SM90_REPRESENTATIVE, **SM90_D64_REPRESENTATIVE, **SM90_D256_REPRESENTATIVE}}
 
 
 def _problem(head_dim: int, dtype: str, causal: bool) -> Problem:
@@ -68,6 +84,19 @@ def test_sm90_representative_configs_build_without_spills(name, head_dim, dtype,
     assert space.check(config, problem, device) is None
     kernel = compile_config(space, config, problem, device)
     assert kernel.arch == "90a"
+    assert not kernel.resources.spills, (name, kernel.resources)
+
+
+@pytest.mark.parametrize("name", list(SM90_D64_REPRESENTATIVE))
+@pytest.mark.parametrize(("dtype", "causal"), [("fp16", False), ("bf16", True)])
+def test_sm90_head_dim_64_configs_build_without_spills(name, dtype, causal):
+    space = load_space("sm90")
+    device = limits_for_arch(90)
+    config = space.validate(SM90_D64_REPRESENTATIVE[name], partial=True, head_dim=64)
+    problem = _problem(64, dtype, causal)
+    assert space.check(config, problem, device) is None
+    assert space.check(config, _problem(128, dtype, causal), device) is not None  # else it belongs above
+    kernel = compile_config(space, config, problem, device)
     assert not kernel.resources.spills, (name, kernel.resources)
 
 

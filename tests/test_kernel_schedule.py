@@ -33,6 +33,14 @@ CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that hea
     "d256_one_wg_bn96": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 96}),
     "d256_one_wg_bn64_persistent": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256,
                                           "block_n": 64, "persistent": 1}),
+    # two CTAs per SM: a persistent grid of 2 * num_sms CTAs (clusters)
+    "two_ctas_per_sm_persistent": (128, {"ctas_per_sm": 2, "persistent": 1, "consumer_wgs": 1, "producer_regs": 24,
+                                         "consumer_regs": 232, "block_n": 64}),
+    "two_ctas_per_sm_cluster_persistent": (128, {"ctas_per_sm": 2, "persistent": 1, "cta_mode": 2, "consumer_wgs": 1,
+                                                 "producer_regs": 32, "consumer_regs": 224, "block_n": 64,
+                                                 "intra_wg_overlap": 0}),
+    "d64_three_wgs_bn160_persistent": (64, {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160,
+                                            "block_n": 160, "intra_wg_overlap": 0, "persistent": 1}),
 }
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows

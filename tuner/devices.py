@@ -2,7 +2,7 @@
 
 On a machine with a GPU the limits are read from the device (``tuner.gpu.info``); without
 one, ``flashtune check --arch 80`` uses the table below, taken from the CUDA programming
-guide's per-compute-capability limits.
+guide's per-compute-capability limits ("Technical Specifications per Compute Capability").
 """
 
 from __future__ import annotations
@@ -11,23 +11,41 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["DeviceLimits", "limits_for_arch", "KNOWN_ARCHS"]
 
+#: Shared memory the system reserves for every resident CTA (cudaDevAttrReservedSharedMemoryPerBlock), sm_80 on.
+SMEM_RESERVED_PER_BLOCK = 1024
+
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceLimits:
-    """What a kernel config must fit into. ``arch`` is the compute capability times ten."""
+    """What a kernel config must fit into. ``arch`` is the compute capability times ten.
+
+    ``smem_per_sm``: shared memory of one SM, shared by its resident CTAs, each of which also
+    takes ``smem_reserved_per_block``. 0 (unknown, e.g. limits stored by an older flashtune)
+    becomes the table's value for ``arch``, else room for exactly one CTA of the opt-in maximum.
+    """
 
     arch: int
     smem_per_block_optin: int
+    smem_per_sm: int = 0
+    smem_reserved_per_block: int = SMEM_RESERVED_PER_BLOCK
     regs_per_sm: int = 65536
     max_regs_per_thread: int = 255
     num_sms: int
     name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.smem_per_sm:
+            known = _TABLE.get(self.arch)
+            per_sm = known[1] if known else self.smem_per_block_optin + self.smem_reserved_per_block
+            object.__setattr__(self, "smem_per_sm", per_sm)
 
     def env(self) -> dict[str, int]:
         """Names a space expression may read about the device."""
         return {
             "arch": self.arch,
             "smem_per_block_optin": self.smem_per_block_optin,
+            "smem_per_sm": self.smem_per_sm,
+            "smem_reserved_per_block": self.smem_reserved_per_block,
             "regs_per_sm": self.regs_per_sm,
             "max_regs_per_thread": self.max_regs_per_thread,
             "num_sms": self.num_sms,
@@ -38,21 +56,24 @@ class DeviceLimits:
 
     @classmethod
     def from_info(cls, info: dict[str, object]) -> DeviceLimits:
-        """Limits from what the GPU worker reports (``tuner.gpu.info.gpu_info``)."""
+        """Limits from what the GPU worker reports (``tuner.gpu.info.gpu_info``); info stored before
+        ``smem_per_sm`` was reported gets the table's value for its arch."""
         return cls(arch=int(info["arch"]), smem_per_block_optin=int(info["smem_per_block_optin"]),
+                   smem_per_sm=int(info.get("smem_per_sm", 0) or 0),
+                   smem_reserved_per_block=int(info.get("smem_reserved_per_block", SMEM_RESERVED_PER_BLOCK)),
                    regs_per_sm=int(info["regs_per_sm"]), num_sms=int(info["num_sms"]), name=str(info["name"]))
 
 
-# arch -> (opt-in shared memory per block in bytes, SM count of the flagship part)
+# arch -> (opt-in shared memory per block, shared memory per SM, both in bytes; SM count of the flagship part)
 _TABLE = {
-    80: (166912, 108, "A100"),
-    86: (101376, 84, "RTX 30"),
-    87: (166912, 16, "Orin"),
-    89: (101376, 128, "RTX 40 / L40"),
-    90: (232448, 132, "H100/H200"),
-    100: (232448, 148, "B200"),
-    103: (232448, 148, "B300"),
-    120: (101376, 188, "RTX 50"),
+    80: (166912, 167936, 108, "A100"),
+    86: (101376, 102400, 84, "RTX 30"),
+    87: (166912, 167936, 16, "Orin"),
+    89: (101376, 102400, 128, "RTX 40 / L40"),
+    90: (232448, 233472, 132, "H100/H200"),
+    100: (232448, 233472, 148, "B200"),
+    103: (232448, 233472, 148, "B300"),
+    120: (101376, 102400, 188, "RTX 50"),
 }
 KNOWN_ARCHS = tuple(sorted(_TABLE))
 
@@ -61,5 +82,6 @@ def limits_for_arch(arch: int) -> DeviceLimits:
     """Nominal limits of a compute capability, for checks on a machine without that GPU."""
     if arch not in _TABLE:
         raise ValueError(f"unknown arch {arch}; known: {', '.join(map(str, KNOWN_ARCHS))}")
-    smem, sms, name = _TABLE[arch]
-    return DeviceLimits(arch=arch, smem_per_block_optin=smem, num_sms=sms, name=f"sm_{arch} ({name}, nominal)")
+    smem, per_sm, sms, name = _TABLE[arch]
+    return DeviceLimits(arch=arch, smem_per_block_optin=smem, smem_per_sm=per_sm, num_sms=sms,
+                        name=f"sm_{arch} ({name}, nominal)")

@@ -57,7 +57,10 @@
 #define FT_POLY_EXP 0  // of every 8 exponentials of the softmax, this many on the FMA pipe (0 = all MUFU)
 #endif
 #ifndef FT_PERSISTENT
-#define FT_PERSISTENT 0  // 1: one CTA (cluster) per SM loops over the query blocks
+#define FT_PERSISTENT 0  // 1: one CTA (cluster) per SM loops over the query blocks; Q in two stages
+#endif
+#ifndef FT_CTAS_PER_SM
+#define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
 #endif
 
 // ---- derived -------------------------------------------------------------------------
@@ -90,6 +93,7 @@ constexpr bool kPingPong = FT_PINGPONG != 0;
 constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr int kClusterCtas = FT_CTA_MODE;
 constexpr bool kPersistent = FT_PERSISTENT != 0;
+constexpr int kCtasPerSm = FT_CTAS_PER_SM;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
@@ -99,11 +103,15 @@ constexpr int kThreads = 128 * (kConsumerWgs + 1);   // one producer warpgroup +
 constexpr int kPanelCols = 64;                       // 16-bit columns per 128-byte swizzle row
 constexpr int kPanels = kHeadDim / kPanelCols;       // TMA boxes (and smem panels) per tile
 constexpr int kKvBoxRows = kBlockN / kClusterCtas;  // K/V rows each CTA of a cluster loads (and multicasts)
-// A persistent CTA stages O in its own tile: the next query block's Q loads meanwhile.
-constexpr bool kOwnOTile = kPersistent;
+// Q stages: a persistent CTA loads the next work unit's Q into the other one while a unit computes.
+// The O of a unit is staged in its Q stage (each consumer warpgroup in its own rows).
+constexpr int kQStages = kPersistent ? 2 : 1;
 constexpr int kSmemOptin = 232448;                   // H100/H200 opt-in shared memory per block
-// Registers per thread at kernel entry: the __launch_bounds__(kThreads, 1) cap, in units of 8.
-constexpr int kEntryRegs = (65536 / kThreads < 256 ? 65536 / kThreads : 256) / 8 * 8;
+constexpr int kSmemPerSm = 233472;                   // H100/H200 shared memory per SM
+constexpr int kSmemReservedPerBlock = 1024;          // reserved by the system for every resident CTA
+// Registers per thread at kernel entry: the __launch_bounds__(kThreads, kCtasPerSm) cap, in units of 8.
+constexpr int kEntryRegs =
+    (65536 / (kThreads * kCtasPerSm) < 256 ? 65536 / (kThreads * kCtasPerSm) : 256) / 8 * 8;
 
 // ---- constraints (the space file's, restated) ------------------------------------------
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim must be 64, 128 or 256");
@@ -129,5 +137,8 @@ static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per
 static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
 static_assert(kSmemBytes <= kSmemOptin, "shared memory over the opt-in limit");
+static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
+static_assert(kCtasPerSm * (kSmemBytes + kSmemReservedPerBlock) <= kSmemPerSm,
+              "ctas_per_sm CTAs do not fit the SM's shared memory");
 
 }  // namespace ft_sm90

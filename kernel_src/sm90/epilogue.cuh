@@ -1,8 +1,9 @@
 // Epilogue of one consumer warpgroup: O (fp32 accumulators, already normalised) -> 16-bit,
-// staged in this warpgroup's rows of the O tile (the Q tile unless kOwnOTile) in the TMA's
-// swizzled layout, then one TMA store per 64-column panel (rows past seqlen_q are clipped by
-// the tensor map). LSE is written directly by the thread owning each row. A persistent CTA
-// lets the store run on into the next work unit and waits for it before staging again.
+// staged in this warpgroup's rows of the unit's Q stage (its last S GEMM has read them) in the
+// TMA's swizzled layout, then one TMA store per 64-column panel (rows past seqlen_q are clipped
+// by the tensor map). LSE is written directly by the thread owning each row. The store runs on
+// into the next work unit of a persistent CTA: the stage is held (StoreHeldStage) until the
+// next unit's first S GEMM, then handed back to the producer for the Q two units on.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "block_info.cuh"
 #include "config.cuh"
 #include "named_barrier.cuh"
+#include "pipeline.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/warpgroup.cuh"
 #include "smem_layout.cuh"
@@ -18,16 +20,18 @@
 namespace ft_sm90 {
 
 template <int kO>
-__device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo& blk, int wg, int warp, int lane,
-                                            const float (&o)[kO], const float (&lse)[2], const ptx::TmaDesc* tma_o,
-                                            float* __restrict__ lse_out, int heads_q) {
-  // The Q tile's rows of this warpgroup are free (its last S GEMM has completed); an own O
-  // tile is free once the previous unit's store has read it.
-  if constexpr (kOwnOTile) {
-    if (warp == 0 && lane == 0) ptx::tma_store_wait_read();
-    named_barrier_sync(barrier_id(BarrierId::kEpilogue0, wg), 128);
-  }
-  const uint32_t tile = smem.o_tile() + wg * kWgRows * kRowBytes;
+__device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo& blk, int q_stage, int wg, int warp,
+                                            int lane, const float (&o)[kO], const float (&lse)[2],
+                                            const ptx::TmaDesc* tma_o, float* __restrict__ lse_out, int heads_q,
+                                            StoreHeldStage<kQStages>& held) {
+  const bool storing_thread = warp == 0 && lane == 0;
+  // A unit without a first S GEMM for these rows has not handed the previous stage back yet.
+  // Afterwards only this warpgroup's last store may still be in flight.
+  held.release(smem.q_ring, storing_thread);
+  // This warpgroup's rows of the stage: Q landed before the main loop (the consumer waited for
+  // it) and its S GEMMs have completed; no store reads them (that unit's was waited for before
+  // the producer reloaded the stage).
+  const uint32_t tile = ptx::smem_addr(smem.q[q_stage]) + wg * kWgRows * kRowBytes;
   const int row0 = 16 * warp + lane / 4;  // row of h = 0 within the warpgroup's 64
 #pragma unroll
   for (int i = 0; i < kO; i += 2) {
@@ -44,11 +48,12 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
   named_barrier_sync(barrier_id(BarrierId::kEpilogue0, wg), 128);
 
   const int first_row = blk.m0() + wg * kWgRows;
-  if (warp == 0 && lane == 0 && first_row < blk.seqlen_q) {
+  if (storing_thread && first_row < blk.seqlen_q) {
     for (int p = 0; p < kPanels; ++p)
       ptx::tma_store_4d(tma_o, tile + p * kBlockM * kRowBytes, p * kPanelCols, first_row, blk.head, blk.batch);
     ptx::tma_store_commit();
   }
+  held.hold(q_stage);  // every warpgroup, stored or not: one arrival each on the stage's empty barrier
 
   if (lane % 4 == 0) {
     float* lse_row = lse_out + (static_cast<int64_t>(blk.batch) * heads_q + blk.head) * blk.seqlen_q;
@@ -58,15 +63,11 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
       if (row < blk.seqlen_q) lse_row[row] = lse[h];
     }
   }
-
-  if constexpr (!kOwnOTile)  // the Q tile is reloaded (or the CTA exits) only after this
-    if (warp == 0 && lane == 0 && first_row < blk.seqlen_q) ptx::tma_store_wait_read();
 }
 
-// Before a persistent consumer warpgroup exits: its last store must have read shared memory.
+// Before a consumer warpgroup exits: its last store must have read shared memory.
 __device__ __forceinline__ void drain_o_stores(int warp, int lane) {
-  if constexpr (kOwnOTile)
-    if (warp == 0 && lane == 0) ptx::tma_store_wait_read();
+  if (warp == 0 && lane == 0) ptx::tma_store_wait_read();
 }
 
 }  // namespace ft_sm90

@@ -2,10 +2,11 @@
 //
 // One producer warpgroup (a single thread issues every TMA load) and kConsumerWgs consumer
 // warpgroups of 64 query rows each; registers move from producer to consumers with
-// setmaxnreg. Work units and their order: tile_scheduler.cuh (one per CTA, or a persistent
-// loop). With FT_CTA_MODE=2 the CTAs come in clusters of two along the query blocks and
-// each loads half of every K/V tile for both. Semantics: kernel_src/README.md; ABI
-// sm90_tma: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py), LSE as a pointer.
+// setmaxnreg; kCtasPerSm CTAs share an SM. Work units and their order: tile_scheduler.cuh (one
+// per CTA, or a persistent loop with two Q stages). With FT_CTA_MODE=2 the CTAs come in clusters
+// of two along the query blocks and each loads half of every K/V tile for both. Semantics:
+// kernel_src/README.md; ABI sm90_tma: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
+// LSE as a pointer.
 #include "block_info.cuh"
 #include "config.cuh"
 #include "epilogue.cuh"
@@ -25,7 +26,7 @@ using namespace ft_sm90;
 #define FT_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DIMS
     flashtune_fwd(const __grid_constant__ ptx::TmaDesc tma_q, const __grid_constant__ ptx::TmaDesc tma_k,
                   const __grid_constant__ ptx::TmaDesc tma_v, const __grid_constant__ ptx::TmaDesc tma_o,
                   float* __restrict__ lse, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
@@ -43,8 +44,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
   if (threadIdx.x == 0) {
     smem.k_ring.init(4 * kConsumerWgs * kClusterCtas);
     if constexpr (kSplitKvBarriers) smem.v_ring.init(4 * kConsumerWgs * kClusterCtas);
-    ptx::mbarrier_init(ptx::smem_addr(&smem.q_full), 1);
-    ptx::mbarrier_init(ptx::smem_addr(&smem.q_empty), 4 * kConsumerWgs);
+    smem.q_ring.init(kConsumerWgs);  // the Q stage is free again once every warpgroup's O store read it
     ptx::fence_barrier_init();
   }
   if constexpr (kClusterCtas > 1)
@@ -65,19 +65,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) FT_CLUSTER_DIMS
     const int cwg = wg - 1;
     const int warp = warp_in_cta % 4;
     KvState st;
-    uint32_t q_round = 0;
+    HeldQStage held;  // the previous unit's Q stage, while its O store may still read it
     open_gemm_turns(cwg);
-    for (; sched.valid(); sched.next()) {
+    for (QState qs; sched.valid(); sched.next(), qs.advance()) {
       const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
-      const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows};
+      const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
       float o[kORegs];
 #pragma unroll
       for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
       OnlineSoftmax<kSRegs> softmax(softmax_scale);
-      consumer.run(o, softmax, st, q_round);
+      consumer.run(o, softmax, st, held);
       float row_lse[2];
       softmax.finalize(o, row_lse);
-      store_o_lse(smem, blk, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q);
+      store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held);
     }
     close_gemm_turns(cwg);
     drain_o_stores(warp, lane);

@@ -18,6 +18,8 @@
 namespace ft_sm90 {
 
 using KvState = PipelineState<kKvStages>;
+using QState = PipelineState<kQStages>;          // a work unit's Q stage (and O staging tile) and phase
+using HeldQStage = StoreHeldStage<kQStages>;     // the previous unit's stage while its O store may read it
 constexpr int kSRegs = kBlockN / 2;    // S accumulator values per consumer thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator values per consumer thread
 constexpr int kPvSteps = kBlockN / 16; // k-steps of O += P V
@@ -41,24 +43,28 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const ptx::TmaDesc*
   }
 }
 
-// Every work unit of this CTA: Q once (after the consumers released the previous one), then
-// K and V of each key block, last first, into the rings (which run on across units).
+// Every work unit of this CTA: its Q into the unit's stage, as soon as the O store of the unit
+// that used the stage before has read it (a persistent CTA has two stages: that unit is two back,
+// and its store is waited for early in the unit in between, so the next unit's Q and its first K/V
+// tiles load while this one computes), then K and V of each key block, last first, into the rings
+// (which run on across units).
 __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileScheduler sched, int rank, int seqlen_q,
                                                int seqlen_k, int heads_q, int heads_kv, const ptx::TmaDesc* tma_q,
                                                const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v) {
   const uint64_t evict_first = ptx::l2_policy_evict_first();
   const uint64_t evict_last = ptx::l2_policy_evict_last();
-  const uint32_t q_bar = ptx::smem_addr(&smem.q_full);
   KvState st;
-  for (uint32_t q_round = 0; sched.valid(); sched.next()) {
+  for (QState qs; sched.valid(); sched.next(), qs.advance()) {
     const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
-    if (blk.n_block_max <= 0) continue;  // nothing to load: the consumers write O = 0 without waiting
-    if (q_round > 0) ptx::mbarrier_wait(ptx::smem_addr(&smem.q_empty), (q_round - 1) & 1);
-    ptx::mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
+    if (blk.n_block_max <= 0) {  // nothing to load: the consumers write O = 0 into the stage once it is free
+      smem.q_ring.producer_skip(qs);
+      continue;
+    }
+    const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes);
+    const uint32_t q_tile = ptx::smem_addr(smem.q[qs.index]);
     for (int p = 0; p < kPanels; ++p)
-      ptx::tma_load_4d(ptx::smem_addr(smem.q) + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(),
-                       blk.head, blk.batch, evict_first);
-    ++q_round;
+      ptx::tma_load_4d(q_tile + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head, blk.batch,
+                       evict_first);
     for (int n = blk.n_block_max - 1; n >= 0; --n) {
       // each CTA's full barrier expects the whole tile: its own half and the peer's
       if constexpr (kSplitKvBarriers) {
@@ -101,6 +107,7 @@ struct Consumer {
   int warp;       // warp within the warpgroup
   int lane;
   int first_row;  // first query row of this warpgroup
+  QState q;       // the unit's Q stage (where this warpgroup also stages its O) and its phase
 
   // Ping-pong: wait for this warpgroup's turn to issue GEMMs / hand the turn to the next.
   __device__ __forceinline__ void begin_gemm_turn() const {
@@ -111,7 +118,7 @@ struct Consumer {
   }
 
   __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], const KvState& st) const {
-    const uint32_t q_base = ptx::smem_addr(smem.q);
+    const uint32_t q_base = ptx::smem_addr(smem.q[q.index]);
     const uint32_t k_base = ptx::smem_addr(smem.k[st.index]);
 #pragma unroll
     for (int kk = 0; kk < kQkSteps; ++kk)
@@ -156,21 +163,20 @@ struct Consumer {
       apply_mask(s, n * kBlockN + 2 * (lane % 4), first_row + 16 * warp + lane / 4, blk.seqlen_k, blk.causal_offset);
   }
 
-  // Runs the whole loop over the key blocks of one work unit; o is zero on entry. `q_round`
-  // counts the units whose Q this CTA loaded (its parity is the q_full phase).
+  // Runs the whole loop over the key blocks of one work unit; o is zero on entry. It first waits
+  // for the unit's Q stage: Q landed (a unit without key blocks: the stage handed over unloaded),
+  // after which this warpgroup may also stage its O there. `held`: the previous unit's stage,
+  // released to the producer after this unit's first S GEMM (else in the epilogue).
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
-                                      uint32_t& q_round) const {
-    if (blk.n_block_max > 0) {
-      ptx::mbarrier_wait(ptx::smem_addr(&smem.q_full), q_round & 1);
-      ++q_round;
-      const int n_first = skip_masked_blocks(st) - 1;
-      if (n_first < 0)
-        release_q();  // this warpgroup's rows see no key: O = 0, LSE = -inf
-      else if constexpr (kIntraWgOverlap)
-        run_overlapped(o, softmax, st, n_first);
-      else
-        run_serial(o, softmax, st, n_first);
-    }
+                                      HeldQStage& held) const {
+    smem.q_ring.consumer_wait(q);
+    if (blk.n_block_max <= 0) return;
+    const int n_first = skip_masked_blocks(st) - 1;
+    if (n_first < 0) return;  // this warpgroup's rows see no key: O = 0, LSE = -inf
+    if constexpr (kIntraWgOverlap)
+      run_overlapped(o, softmax, st, n_first, held);
+    else
+      run_serial(o, softmax, st, n_first, held);
   }
 
   // Causal: the CTA visits key blocks up to its last row's diagonal (a cluster: the upper CTA's),
@@ -190,24 +196,25 @@ struct Consumer {
     return n;
   }
 
-  // After the unit's last S GEMM: Q may be reloaded for the next unit.
-  __device__ __forceinline__ void release_q() const {
-    if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&smem.q_empty));
+  // The previous unit's Q stage, once this warpgroup's O store has read it: the producer may
+  // load the next unit's Q there (a no-op once released, and without a persistent CTA).
+  __device__ __forceinline__ void release_held(HeldQStage& held) const {
+    held.release(smem.q_ring, warp == 0 && lane == 0);  // the thread that issued the store
   }
 
-  // S = Q K^T for the key block in stage `st`, waited for; the K stage (and after the last
-  // key block, Q) is released.
-  __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st, bool last) const {
+  // S = Q K^T for the key block in stage `st`, waited for; the K stage is released. The previous
+  // unit's Q stage is released while the GEMM runs.
+  __device__ __forceinline__ void qk_gemm(float (&s)[kSRegs], const KvState& st, HeldQStage& held) const {
     wait_k(st);
     begin_gemm_turn();
     ptx::wgmma_fence();
     issue_qk(s, st);
     ptx::wgmma_commit();
     end_gemm_turn();
+    release_held(held);
     ptx::wgmma_wait<0>();
     ptx::fence_operands(s);
     release_k(st);
-    if (last) release_q();
   }
 
   // O += P V for the key block in stage `st`, waited for; the V stage is released. P's first
@@ -241,10 +248,10 @@ struct Consumer {
   // Per key block: S = Q K^T, wait, softmax, O += P V, wait. With kPvSplit, the first
   // kPvSplit keys of P go to the tensor cores while the rest are exponentiated.
   __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
-                                             int n_first) const {
+                                             int n_first, HeldQStage& held) const {
     for (int n = n_first; n >= 0; --n) {
       float s[kSRegs];
-      qk_gemm(s, st, n == 0);
+      qk_gemm(s, st, held);
 
       mask(s, n);
       float o_scale[2];
@@ -263,12 +270,12 @@ struct Consumer {
   // Software-pipelined: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, wait only for
   // S_j, run the softmax of tile j while the P.V GEMM is in flight, then rescale O.
   __device__ __forceinline__ void run_overlapped(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
-                                                 int n_first) const {
+                                                 int n_first, HeldQStage& held) const {
     uint32_t p[kPvSteps][4];
     int n = n_first;
     {  // first key block: no P.V in flight yet, O is zero (no rescale needed)
       float s[kSRegs];
-      qk_gemm(s, st, n == 0);
+      qk_gemm(s, st, held);
       mask(s, n);
       float o_scale[2];
       softmax.update_max(s, o_scale);
@@ -292,7 +299,6 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
       ptx::fence_operands(s);
       release_k(st);
-      if (n == 0) release_q();
 
       mask(s, n);
       float o_scale[2];

@@ -6,6 +6,7 @@
 
 #include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
 
 namespace ft_sm90 {
 
@@ -46,6 +47,13 @@ struct RingBarriers {
     return bar;
   }
 
+  // Producer: wait until stage `st.index` is free, then complete its full barrier's phase with
+  // nothing loaded (a work unit without key blocks: its consumers only write O = 0 into the stage).
+  __device__ __forceinline__ void producer_skip(const PipelineState<kStages>& st) {
+    ptx::mbarrier_wait(ptx::smem_addr(&empty[st.index]), st.phase ^ 1);
+    ptx::mbarrier_arrive(ptx::smem_addr(&full[st.index]));
+  }
+
   __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& st) {
     ptx::mbarrier_wait(ptx::smem_addr(&full[st.index]), st.phase);
   }
@@ -58,6 +66,31 @@ struct RingBarriers {
   // The same, on the ring of CTA `rank` of the cluster (whose producer writes into this stage).
   __device__ __forceinline__ void consumer_release_to(const PipelineState<kStages>& st, uint32_t rank) {
     ptx::mbarrier_arrive_cluster(ptx::map_shared_rank(ptx::smem_addr(&empty[st.index]), rank));
+  }
+};
+
+// A stage that a consumer warpgroup's TMA store may still be reading (a persistent CTA's Q stage,
+// in which the previous work unit's O was staged). `release` is called by the whole warpgroup;
+// the thread that issued the store waits until the store has read shared memory and then
+// arrives, once, on the stage's empty barrier (one arrival per consumer warpgroup).
+template <int kStages>
+struct StoreHeldStage {
+  int index = -1;  // the held stage, or -1 (warp-uniform)
+
+  __device__ __forceinline__ void hold(int stage) {
+    if constexpr (kStages > 1) index = stage;  // a single stage is never reloaded: nothing to hand back
+  }
+
+  __device__ __forceinline__ void release(RingBarriers<kStages>& ring, bool storing_thread) {
+    if constexpr (kStages > 1) {
+      if (index >= 0) {
+        if (storing_thread) {
+          ptx::tma_store_wait_read();
+          ptx::mbarrier_arrive(ptx::smem_addr(&ring.empty[index]));
+        }
+        index = -1;
+      }
+    }
   }
 };
 

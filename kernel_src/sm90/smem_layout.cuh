@@ -22,16 +22,16 @@ constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
 
 // The base is aligned to 1024 bytes by the kernel; every tile size is a multiple of 1024.
 struct SharedStorage {
-  elem_t q[kBlockM * kHeadDim];  // also the O staging tile of the epilogue unless kOwnOTile
+  // Q of the CTA's i-th work unit in stage i % kQStages; after a consumer warpgroup's last S GEMM
+  // of the unit, its rows of the stage take its O for the TMA store (epilogue.cuh).
+  elem_t q[kQStages][kBlockM * kHeadDim];
   elem_t k[kKvStages][kBlockN * kHeadDim];
   elem_t v[kKvStages][kBlockN * kHeadDim];
-  elem_t o[kOwnOTile ? kBlockM * kHeadDim : 1];  // O staging tile of a persistent CTA
   RingBarriers<kKvStages> k_ring;  // with kv_barriers = 1: the barriers of K and V together
   RingBarriers<kKvStages> v_ring;  // unused with kv_barriers = 1
-  uint64_t q_full;   // Q of the current work unit landed
-  uint64_t q_empty;  // every consumer warp is done reading Q (a persistent producer may reload it)
-
-  __device__ __forceinline__ uint32_t o_tile() { return ptx::smem_addr(kOwnOTile ? o : q); }
+  // full: the stage's Q landed (a unit without key blocks: the stage is free); empty: every
+  // consumer warpgroup's O store has read the stage (StoreHeldStage), so the producer may reload it
+  RingBarriers<kQStages> q_ring;
 };
 
 static_assert(kQTileBytes % kSwizzleAtomBytes == 0 && kKvTileBytes % kSwizzleAtomBytes == 0,
@@ -44,7 +44,7 @@ __device__ __forceinline__ uint32_t kmajor_k_offset(int kk, int rows) {
   return (kk / 4) * rows * kRowBytes + (kk % 4) * 32;
 }
 
-// A = Q rows of consumer warpgroup `wg` (64 x kHeadDim, K-major), k-step kk.
+// A = Q rows of consumer warpgroup `wg` (64 x kHeadDim, K-major) of the stage at q_base, k-step kk.
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_base, int wg, int kk) {
   return ptx::smem_desc(q_base + wg * kWgRows * kRowBytes + kmajor_k_offset(kk, kBlockM), 16, kSwizzleAtomBytes);
 }

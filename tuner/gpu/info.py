@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import cupy
 
+from ..devices import SMEM_RESERVED_PER_BLOCK
+
 __all__ = ["gpu_info"]
 
 
@@ -41,6 +43,8 @@ def gpu_info() -> dict[str, object]:
         "arch": props["major"] * 10 + props["minor"],
         "num_sms": props["multiProcessorCount"],
         "smem_per_block_optin": props["sharedMemPerBlockOptin"],
+        "smem_per_sm": props["sharedMemPerMultiprocessor"],
+        "smem_reserved_per_block": props.get("reservedSharedMemPerBlock", SMEM_RESERVED_PER_BLOCK),
         "regs_per_sm": props["regsPerMultiprocessor"],
         "l2_bytes": props["l2CacheSize"],
         "driver": f"{driver // 1000}.{driver % 1000 // 10}",  # the CUDA version the driver supports

@@ -1,0 +1,794 @@
+"""Benchmark and profile the sm90 kernel where cuDNN still wins (issue 10): N <= 2048, head dim 64,
+short causal. A device script, not a pytest module. From the repo root, on the H200:
+
+    python -m tests.gpu.bench_sm90 --out $OUT            # about 4 minutes (must stay under 6)
+    python -m tests.gpu.bench_sm90 --out $OUT --quick    # smoke run: 2 shapes, few configs
+
+Stages, each one robust (a failing config, backend or ncu run is reported and skipped):
+1. plan: per shape, the default config and variants one knob (and the registers it needs) away,
+   filtered by the space's static check;
+2. compile every distinct (config, head dim, dtype, causal) in a process pool over all cores
+   (tuner.compile, cubin cache under /tmp);
+3. in a GPU worker process (tuner.worker: a hung or crashing kernel kills only the worker, which
+   is restarted): per shape, random inputs and one float32 reference; each config checked once on
+   poisoned outputs (a failure is WRONG and never timed); then ours, SDPA's CUDNN_ATTENTION and
+   FLASH_ATTENTION on the same inputs, timed in 3 interleaved rounds (an L2 flush before every
+   launch, CUDA events, no sync between launches; the result is the median of the rounds'
+   medians); an 8192^3 cuBLAS GEMM once;
+4. ncu (SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and a tensor-pipe metric) on the
+   default, the best variant and cuDNN at two shapes, one ncu run per shape: text under $OUT;
+5. $OUT/bench_sm90.json with every timing, and a compact table printed last.
+
+Needs only tuner modules that import without optuna/sqlalchemy (compile, space, problem, devices,
+jobs, worker, gpu.*), CuPy and (for the peers) PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the cubin cache; workers inherit it
+
+from tuner.devices import DeviceLimits  # noqa: E402
+from tuner.jobs import TOLERANCES  # noqa: E402
+from tuner.problem import Problem  # noqa: E402
+from tuner.space import Space, config_key, load_space  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLER = "tests.gpu.bench_sm90"  # the module whose functions the GPU worker serves (this one)
+DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 6 minutes)
+NCU_RESERVE_S = 100.0  # kept for the ncu stage while shapes are timed
+TARGET_MS = 30.0  # GPU time per (runnable, round)
+CHECK_TIMEOUT_S = 25.0  # loading and checking one config: a kernel still running by then hangs
+ROUNDS = 3
+_T0 = time.perf_counter()
+
+# (dtype, head_dim, causal, batch, seqlen, heads): issue 10's table, then three more short shapes;
+# the two that ncu profiles first, so that a short run still covers them
+SHAPES = [
+    ("fp16", 128, True, 32, 512, 16),
+    ("fp16", 128, False, 8, 2048, 16),
+    ("fp16", 128, True, 8, 2048, 16),
+    ("fp16", 64, False, 4, 4096, 32),
+    ("fp16", 128, True, 16, 1024, 16),
+    ("fp16", 64, True, 8, 2048, 32),
+    ("bf16", 128, False, 8, 2048, 16),
+    ("fp16", 128, False, 2, 8192, 16),
+    ("fp16", 128, True, 2, 8192, 16),
+    ("bf16", 128, True, 1, 16384, 16),
+]
+QUICK_SHAPES = [SHAPES[0], SHAPES[3]]
+NCU_SHAPES = [SHAPES[0], SHAPES[1]]  # default, best variant and cuDNN profiled here
+PEERS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"}
+NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats")
+# tensor-pipe metrics, the first ones this ncu knows are added (Hopper's wgmma pipe is "gmma")
+TENSOR_METRIC_BASES = ("sm__pipe_tensor_op_gmma_cycles_active", "sm__inst_executed_pipe_tensor_op_gmma",
+                       "sm__pipe_tensor_op_hmma_cycles_active", "sm__pipe_tensor_cycles_active")
+ABBREV = {"kv_stages": "kvs", "kv_barriers": "kvb", "block_n": "bn", "consumer_wgs": "wgs", "rescale_slack": "slack",
+          "producer_regs": "preg", "consumer_regs": "creg", "intra_wg_overlap": "ovl", "pingpong": "pp",
+          "pv_split": "pvs", "poly_exp": "poly", "cta_mode": "cta", "persistent": "pers", "ctas_per_sm": "ctas"}
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {message}", flush=True)
+
+
+def time_left() -> float:
+    return DEADLINE_S - (time.perf_counter() - _T0)
+
+
+def make_problem(shape: tuple) -> Problem:
+    dtype, head_dim, causal, batch, seqlen, heads = shape
+    return Problem(batch=batch, seqlen_q=seqlen, heads_q=heads, head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+# ---- 1. plan -----------------------------------------------------------------------------------
+def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
+    """Named partial configs: the default, and what one knob away may pay at short N (with the
+    register budgets that knob needs). Infeasible ones are dropped by the static check."""
+    cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
+    wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
+    ctas2 = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232,
+             "block_n": 128 if head_dim == 64 else 64}
+    if quick:
+        return {"default": {}, "persistent": {"persistent": 1}, "ctas2": ctas2, "pingpong": {"pingpong": 1}}
+    v: dict[str, dict[str, int]] = {
+        "default": {},
+        "persistent": {"persistent": 1},
+        "cta2": cta2,
+        "persistent_cta2": {"persistent": 1, **cta2},
+        "pingpong": {"pingpong": 1},
+        "persistent_pingpong": {"persistent": 1, "pingpong": 1},
+        "kv3": {"kv_stages": 3},
+        "persistent_kv3": {"persistent": 1, "kv_stages": 3},
+        **{f"bn{n}": {"block_n": n} for n in (64, 96, 176, 192)},
+        "wgs3": wgs3,
+        "persistent_wgs3": {"persistent": 1, **wgs3},
+        "wgs1": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176},
+        "serial_pv64": {"intra_wg_overlap": 0, "pv_split": 64},
+        "ctas2": ctas2,
+        "ctas2_persistent": {"persistent": 1, **ctas2},
+        "ctas2_kv1": {"kv_barriers": 1, **ctas2},
+    }
+    if head_dim == 64:
+        v.update({
+            "poly2": {"poly_exp": 2},
+            "poly4": {"poly_exp": 4},
+            "wgs3_poly2": {"poly_exp": 2, **wgs3},
+            "wgs3_serial_bn160": {**wgs3, "block_n": 160, "intra_wg_overlap": 0},
+            "wgs3_serial_bn160_poly2": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "poly_exp": 2},
+            "ctas2_poly2": {"poly_exp": 2, **ctas2},
+            "ctas2_bn192": {**ctas2, "block_n": 192},
+        })
+    else:
+        v["ctas2_bn80"] = {**ctas2, "block_n": 80}
+    return v
+
+
+def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool) -> tuple[list[dict], list[dict]]:
+    """(runnable configs, skipped ones with the reason), distinct configs only, the default first."""
+    chosen, skipped, seen = [], [], set()
+    defaults = space.defaults(problem.head_dim)
+    for name, partial in variants(problem.head_dim, quick).items():
+        try:
+            config = space.validate(partial, partial=True, head_dim=problem.head_dim)
+        except ValueError as e:
+            skipped.append({"name": name, "status": "invalid", "detail": str(e)})
+            continue
+        reason = space.check(config, problem, device)
+        if reason:
+            skipped.append({"name": name, "status": "infeasible", "detail": reason})
+            continue
+        key = config_key(config)
+        if key in seen:
+            continue
+        seen.add(key)
+        chosen.append({"name": name, "config": config, "diff": {k: v for k, v in config.items() if defaults[k] != v}})
+    return chosen, skipped
+
+
+def diff_text(diff: dict[str, int]) -> str:
+    return " ".join(f"{ABBREV.get(k, k)}={v}" for k, v in diff.items()) or "(default)"
+
+
+# ---- 2. compile ----------------------------------------------------------------------------------
+def _compile_one(arg: tuple) -> dict:
+    """In a pool process: build one config; a failure is returned, not raised."""
+    config, problem_dict, device_dict = arg
+    from tuner.compile import compile_config
+
+    try:
+        kernel = compile_config(load_space("sm90"), config, Problem.from_dict(problem_dict),
+                                DeviceLimits(**device_dict))
+        return {"ok": True, "cubin": kernel.cubin_path, "entry": kernel.entry, "resources": kernel.resources.to_dict(),
+                "compile_s": round(kernel.seconds, 2), "cached": kernel.cached}
+    except Exception as e:  # noqa: BLE001 - reported per config
+        return {"ok": False, "detail": f"{type(e).__name__}: {str(e)[:400]}"}
+
+
+def static_key(problem: Problem) -> tuple:
+    return (problem.dtype, problem.head_dim, problem.causal)
+
+
+def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> None:
+    """Fills entry["build"] of every planned config (one compile per distinct static problem and config)."""
+    jobs: dict[tuple, tuple] = {}
+    for plan in plans:
+        for entry in plan["configs"]:
+            jobs.setdefault((static_key(plan["problem"]), config_key(entry["config"])),
+                            (entry["config"], plan["problem"].to_dict(), device.to_dict()))
+    workers = max(1, min(os.cpu_count() or 1, len(jobs)))
+    log(f"compiling {len(jobs)} distinct configs on {workers} processes (cache {os.environ['FLASHTUNE_CACHE_DIR']})")
+    builds: dict[tuple, dict] = {}
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    try:
+        futures = {pool.submit(_compile_one, arg): key for key, arg in jobs.items()}
+        done, pending = cf.wait(futures, timeout=budget_s)
+        for future in done:
+            try:
+                builds[futures[future]] = future.result()
+            except Exception as e:  # noqa: BLE001 - a dead pool process
+                builds[futures[future]] = {"ok": False, "detail": f"compile process failed: {e}"}
+        for future in pending:
+            future.cancel()
+            builds[futures[future]] = {"ok": False, "detail": f"compile not finished within {budget_s:.0f} s"}
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    failed = 0
+    for plan in plans:
+        for entry in plan["configs"]:
+            entry["build"] = builds[(static_key(plan["problem"]), config_key(entry["config"]))]
+            failed += not entry["build"]["ok"]
+    spills = sum(1 for p in plans for e in p["configs"] if e["build"].get("ok") and
+                 (e["build"]["resources"]["spill_store_bytes"] or e["build"]["resources"]["spill_load_bytes"]))
+    log(f"compiled: {len(jobs)} distinct, {failed} failed (counted per shape), {spills} spilling (per shape)")
+
+
+# ---- 3. GPU worker side (runs in the tuner.worker child; state kept between calls) ---------------
+_G: dict = {}
+
+
+def setup(device: int) -> None:
+    import cupy
+
+    cupy.cuda.Device(device).use()
+    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """A CUDA error may leave the context unusable: the worker exits and the parent starts another."""
+    from tuner.gpu.measure import is_fatal as cuda_error
+
+    return cuda_error(exc)
+
+
+def device_info(_: object = None) -> dict:
+    from tuner.gpu.info import gpu_info
+
+    info = gpu_info()
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["torch_cuda"] = torch.version.cuda
+    except Exception as e:  # noqa: BLE001
+        info["torch"] = f"unavailable: {e}"
+    return info
+
+
+def _reference(problem: Problem, q, k, v, scale: float, seed: int) -> dict:
+    """fp32 O and LSE of the checked rows (tuner.gpu.measure.check_rows), every (batch, head)."""
+    import cupy
+    import numpy as np
+
+    from tuner.gpu.measure import check_rows
+    from tuner.gpu.reference import reference_head
+    from tuner.gpu.tensors import to_float32
+
+    p = problem
+    rows = check_rows(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, np.random.default_rng(seed))
+    n_rows = p.seqlen_q if rows is None else len(rows)
+    ref_o = cupy.empty((p.batch, n_rows, p.heads_q, p.head_dim), dtype=cupy.float32)
+    ref_lse = cupy.empty((p.batch, p.heads_q, n_rows), dtype=cupy.float32)
+    group = p.heads_q // p.heads_kv
+    for b in range(p.batch):
+        for h in range(p.heads_q):
+            qh, kh, vh = (to_float32(x, p.dtype) for x in (q[b, :, h], k[b, :, h // group], v[b, :, h // group]))
+            ref_o[b, :, h], ref_lse[b, h] = reference_head(qh, kh, vh, scale, p.causal, rows=rows)
+    return {"rows": None if rows is None else cupy.asarray(rows), "o": ref_o, "lse": ref_lse,
+            "o_norm": cupy.sqrt((ref_o * ref_o).sum(axis=(1, 3)))}
+
+
+def _check_o(o_f32) -> tuple[str | None, float]:
+    """check_kernel's criteria for O (fp32 [B, N, H, D]): every element finite, the relative error
+    of every (batch, head) within the dtype's tolerance. Returns (failure or None, worst error)."""
+    import cupy
+
+    p, ref = _G["problem"], _G["ref"]
+    bad = int((~cupy.isfinite(o_f32)).sum())
+    if bad:
+        return f"{bad} of {o_f32.size} output elements are unwritten or not finite", math.inf
+    diff = (o_f32 if ref["rows"] is None else o_f32[:, ref["rows"]]) - ref["o"]
+    rel = float((cupy.sqrt((diff * diff).sum(axis=(1, 3))) / cupy.maximum(ref["o_norm"], 1e-30)).max())
+    tol = TOLERANCES[p.dtype][0]
+    return (None if rel <= tol else f"O relative error {rel:.3g} > {tol:g}"), rel
+
+
+def _check_lse(lse) -> tuple[str | None, float]:
+    """check_kernel's criteria for LSE: no NaN, not -inf on a row that sees keys, within tolerance."""
+    import cupy
+
+    p, ref = _G["problem"], _G["ref"]
+    if int(cupy.isnan(lse).sum()):
+        return "LSE values are unwritten or NaN", math.inf
+    got = lse if ref["rows"] is None else lse[:, :, ref["rows"]]
+    live = cupy.isfinite(ref["lse"])
+    if bool((cupy.isneginf(got) & live).any()):
+        return "LSE is -inf on a row that sees keys", math.inf
+    err = float(cupy.where(live, cupy.abs(got - ref["lse"]), 0).max())
+    tol = TOLERANCES[p.dtype][1]
+    return (None if err <= tol else f"LSE error {err:.3g} > {tol:g}"), err
+
+
+def setup_shape(arg: tuple) -> dict:
+    """(problem dict, seed): inputs, outputs, the reference and the L2 flush buffer."""
+    import cupy
+
+    from tuner.gpu.tensors import random_inputs, storage_dtype
+
+    problem_dict, seed = arg
+    _G.clear()
+    p = Problem.from_dict(problem_dict)
+    start = time.perf_counter()
+    q, k, v = random_inputs(p, seed)
+    scale = 1.0 / math.sqrt(p.head_dim)
+    _G.update(problem=p, q=q, k=k, v=v, scale=scale, runners={},
+              o=cupy.empty(q.shape, dtype=storage_dtype(p.dtype)),
+              lse=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
+              flush=cupy.empty(64 * 1024 * 1024, dtype=cupy.int32))  # 256 MB > the 60 MB L2
+    _G["ref"] = _reference(p, q, k, v, scale, seed)
+    cupy.cuda.Device().synchronize()
+    rows = p.seqlen_q if _G["ref"]["rows"] is None else len(_G["ref"]["rows"])
+    return {"reference_s": round(time.perf_counter() - start, 2), "rows_checked": rows}
+
+
+def add_kernel(arg: dict) -> dict:
+    """Load a cubin; with arg["check"], run it once on poisoned outputs against the reference.
+    A passing (or unchecked) kernel becomes a runner for time_round."""
+    import cupy
+
+    from tuner.gpu.launch import load_kernel
+    from tuner.gpu.tensors import poison, to_float32
+
+    p = _G["problem"]
+    kernel = load_kernel(arg["cubin"], arg["entry"], abi="sm90_tma", grid=tuple(arg["grid"]), threads=arg["threads"],
+                         smem_bytes=arg["smem_bytes"], config=arg["config"], abi_params=arg["abi"])
+    args = kernel.args(_G["q"], _G["k"], _G["v"], _G["o"], _G["lse"], _G["scale"])
+    out: dict = {}
+    try:
+        out["ctas_per_sm_occupancy"] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.function.ptr, arg["threads"], arg["smem_bytes"])
+    except Exception as e:  # noqa: BLE001 - e.g. cluster kernels
+        out["ctas_per_sm_occupancy"] = f"n/a ({type(e).__name__})"
+    if arg.get("check", True):
+        poison(_G["o"], p.dtype)
+        poison(_G["lse"])
+        kernel.launch(args)
+        cupy.cuda.Device().synchronize()
+        o_failure, rel = _check_o(to_float32(_G["o"], p.dtype))
+        lse_failure, lse_err = _check_lse(_G["lse"])
+        out.update(failure=o_failure or lse_failure, rel_error=rel, lse_error=lse_err)
+        if out["failure"]:
+            return out
+    _G["runners"][arg["name"]] = lambda: kernel.launch(args)
+    return out
+
+
+def add_peers(_: object = None) -> dict:
+    """SDPA backends on the same inputs (DLPack views, [B, N, H, D] storage seen as [B, H, N, D]),
+    each run once and its O compared with the reference (SDPA returns no LSE here)."""
+    out: dict = {}
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+    except ImportError as e:
+        return {name: {"failure": f"PyTorch unavailable: {e}"} for name in PEERS}
+    import cupy
+
+    p = _G["problem"]
+
+    def as_torch(x):
+        t = torch.from_dlpack(x)
+        return (t.view(torch.bfloat16) if p.dtype == "bf16" else t).transpose(1, 2)
+
+    q, k, v = (as_torch(x) for x in (_G["q"], _G["k"], _G["v"]))
+    for name, backend in PEERS.items():
+        def run(backend=backend):
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                return sdpa(q, k, v, is_causal=p.causal, scale=_G["scale"])
+        try:
+            result = run()
+            torch.cuda.synchronize()
+            failure, rel = _check_o(cupy.from_dlpack(result.transpose(1, 2).float().contiguous()))
+            out[name] = {"failure": failure, "rel_error": rel}
+            if not failure:
+                _G["runners"][name] = run
+        except Exception as e:  # noqa: BLE001 - a backend that refuses the shape
+            out[name] = {"failure": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    return out
+
+
+def time_round(names: list[str]) -> dict:
+    """Each runner in order: warm, then enough launches for TARGET_MS, each after an L2 flush,
+    bracketed by CUDA events on the null stream, synchronised once at the end. Median ms."""
+    import cupy
+
+    out = {}
+    flush = _G["flush"]
+    for name in names:
+        run = _G["runners"].get(name)
+        if run is None:
+            continue
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        run()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        estimate = max(cupy.cuda.get_elapsed_time(start, end), 1e-3)
+        reps = int(min(50, max(5, TARGET_MS / (estimate + 0.1))))
+        events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
+        for i, (s, e) in enumerate(events):
+            flush.fill(i)
+            s.record()
+            run()
+            e.record()
+        events[-1][1].synchronize()
+        times = sorted(cupy.cuda.get_elapsed_time(s, e) for s, e in events)
+        out[name] = {"ms": statistics.median(times), "min_ms": times[0], "reps": reps}
+    return out
+
+
+def time_gemm(_: object = None) -> dict:
+    """An 8192^3 fp16 cuBLAS GEMM on random data, 3 rounds like the attention runners."""
+    import torch
+
+    n = 8192
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen)
+    _G.setdefault("runners", {})["cublas_gemm_8192"] = lambda: torch.matmul(a, b)
+    _G.setdefault("flush", None)
+    if _G["flush"] is None:
+        import cupy
+
+        _G["flush"] = cupy.empty(64 * 1024 * 1024, dtype=cupy.int32)
+    rounds = [time_round(["cublas_gemm_8192"])["cublas_gemm_8192"]["ms"] for _ in range(ROUNDS)]
+    ms = statistics.median(rounds)
+    return {"round_ms": rounds, "ms": ms, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12}
+
+
+# ---- 3. GPU stage, parent side -----------------------------------------------------------------
+def kernel_arg(space: Space, device: DeviceLimits, problem: Problem, entry: dict, check: bool) -> dict:
+    geom = space.launch(entry["config"], problem, device)
+    return {"name": entry["name"], "cubin": entry["build"]["cubin"], "entry": entry["build"]["entry"],
+            "grid": list(geom.grid), "threads": geom.threads, "smem_bytes": geom.smem_bytes, "abi": geom.abi,
+            "config": entry["config"], "check": check}
+
+
+def failure_kind(error: Exception) -> str:
+    """hang (the call timed out), crash (the worker died or hit a CUDA error), or error."""
+    from tuner.worker import WorkerCrashed, WorkerTimeout
+
+    if isinstance(error, WorkerTimeout):
+        return "hang"
+    if isinstance(error, WorkerCrashed) or "CUDA" in str(error):
+        return "crash"
+    return "error"
+
+
+def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int, hung: list[dict]) -> None:
+    """Check, then time, every compiled config of the plan and the peers. `hung`: the knob
+    differences of configs that hung or crashed so far (this shape or an earlier one): a config
+    that contains one of them is not run again (each hang costs a timeout and a new worker)."""
+    from tuner.worker import WorkerError
+
+    problem = plan["problem"]
+
+    def set_up(passed: list[dict]) -> None:
+        info = worker.call("setup_shape", (problem.to_dict(), seed), timeout_s=180)
+        for ok in passed:
+            worker.call("add_kernel", kernel_arg(space, device, problem, ok, False), timeout_s=CHECK_TIMEOUT_S)
+        if not passed:
+            log(f"  inputs and reference ready ({info['reference_s']} s, {info['rows_checked']} rows per head "
+                "checked)")
+
+    set_up([])
+    passed: list[dict] = []
+    for entry in plan["configs"]:
+        if not entry["build"]["ok"]:
+            entry.update(status="compile_error", detail=entry["build"]["detail"])
+            continue
+        bad = next((d for d in hung if d.items() <= entry["diff"].items()), None)
+        if bad is not None:
+            entry.update(status="skipped", detail=f"contains {diff_text(bad)}, which hung or crashed")
+            continue
+        if time_left() < NCU_RESERVE_S:
+            entry.update(status="skipped", detail="out of time")
+            continue
+        try:
+            result = worker.call("add_kernel", kernel_arg(space, device, problem, entry, True),
+                                 timeout_s=CHECK_TIMEOUT_S)
+        except WorkerError as e:  # the worker may be gone: set the shape up again
+            entry.update(status=failure_kind(e), detail=str(e)[:300])
+            log(f"  {entry['name']}: {entry['status'].upper()}: {entry['detail'][:150]}")
+            if entry["status"] in ("hang", "crash") and entry["diff"]:  # (not the default: that skips all)
+                hung.append(entry["diff"])
+            set_up(passed)
+            continue
+        entry.update(result)
+        entry["status"] = "wrong" if result.get("failure") else "ok"
+        if result.get("failure"):
+            entry["detail"] = result["failure"]
+            log(f"  {entry['name']}: WRONG: {result['failure']}")
+        else:
+            passed.append(entry)
+    try:
+        plan["peers"] = worker.call("add_peers", None, timeout_s=120)
+    except WorkerError as e:
+        plan["peers"] = {name: {"failure": f"peers failed: {str(e)[:200]}"} for name in PEERS}
+        set_up(passed)
+    for name, peer in plan["peers"].items():
+        if peer.get("failure"):
+            log(f"  {name}: {peer['failure'][:150]}")
+    names = [e["name"] for e in passed] + [n for n, peer in plan["peers"].items() if not peer.get("failure")]
+    rounds: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(ROUNDS):
+        order = names[r % max(1, len(names)):] + names[: r % max(1, len(names))]  # rotate: no fixed position
+        try:
+            got = worker.call("time_round", order, timeout_s=90)
+        except WorkerError as e:
+            log(f"  timing round {r} failed: {str(e)[:200]}")
+            break
+        for n, t in got.items():
+            rounds[n].append(t["ms"])
+    flops = problem.flops
+    for n, times in rounds.items():
+        target = next((e for e in plan["configs"] if e["name"] == n), None) or plan["peers"][n]
+        target["round_ms"] = times
+        if times:
+            target["ms"] = statistics.median(times)
+            target["tflops"] = flops / (target["ms"] * 1e-3) / 1e12
+
+
+# ---- 4. ncu ------------------------------------------------------------------------------------
+def ncu_subject_run(spec_path: str) -> None:
+    """Runs under ncu: each subject warmed up, then launched once between cudaProfilerStart/Stop."""
+    import cupy
+
+    spec = json.loads(Path(spec_path).read_text())
+    setup(0)
+    problem = Problem.from_dict(spec["problem"])
+    from tuner.gpu.tensors import random_inputs, storage_dtype
+
+    q, k, v = random_inputs(problem, 7)
+    _G.update(problem=problem, q=q, k=k, v=v, scale=1.0 / math.sqrt(problem.head_dim), runners={},
+              o=cupy.empty(q.shape, dtype=storage_dtype(problem.dtype)),
+              lse=cupy.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=cupy.float32))
+    for subject in spec["subjects"]:
+        try:
+            if subject["kind"] == "flashtune":
+                add_kernel({**subject["arg"], "check": False, "name": subject["label"]})
+            else:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                from torch.nn.functional import scaled_dot_product_attention as sdpa
+                import torch
+
+                def as_torch(x):
+                    t = torch.from_dlpack(x)
+                    return (t.view(torch.bfloat16) if problem.dtype == "bf16" else t).transpose(1, 2)
+
+                tq, tk, tv = (as_torch(x) for x in (q, k, v))
+                backend = getattr(SDPBackend, subject["backend"])
+
+                def run(tq=tq, tk=tk, tv=tv, backend=backend):
+                    with sdpa_kernel(backend):
+                        sdpa(tq, tk, tv, is_causal=problem.causal, scale=_G["scale"])
+                _G["runners"][subject["label"]] = run
+            run = _G["runners"][subject["label"]]
+            run()
+            run()
+            cupy.cuda.Device().synchronize()
+            print(f"NCU-SUBJECT {subject['label']}", flush=True)
+            cupy.cuda.runtime.profilerStart()
+            run()
+            cupy.cuda.Device().synchronize()
+            cupy.cuda.runtime.profilerStop()
+        except Exception as e:  # noqa: BLE001 - the next subject still runs
+            print(f"NCU-SUBJECT-FAILED {subject['label']}: {type(e).__name__}: {e}", flush=True)
+
+
+def tensor_metrics(ncu: str) -> list[str]:
+    """The tensor-pipe metrics of TENSOR_METRIC_BASES that this ncu knows for the device."""
+    try:
+        listing = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    known = {line.split()[0] for line in listing.splitlines() if line.strip()}
+    return [f"{base}.avg.pct_of_peak_sustained_active" for base in TENSOR_METRIC_BASES if base in known][:2]
+
+
+def ncu_command(ncu: str, spec_path: str, metrics: list[str], launches: int) -> list[str]:
+    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
+           "--launch-count", str(launches)]
+    for section in NCU_SECTIONS:
+        cmd += ["--section", section]
+    if metrics:
+        cmd += ["--metrics", ",".join(metrics)]
+    return cmd + [sys.executable, "-m", "tests.gpu.bench_sm90", "--ncu-run", spec_path]
+
+
+KEY_LINE = re.compile(r"NCU-SUBJECT|==ERROR==|==WARNING==|flashtune_fwd|sdpa|fmha|fprop|cudnn|Duration|"
+                      r"Registers Per Thread|Dynamic Shared Memory Per Block|Grid Size|Block Size|Waves Per SM|"
+                      r"Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|"
+                      r"Memory Throughput|pipe_tensor|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued",
+                      re.IGNORECASE)
+
+
+def key_lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if KEY_LINE.search(line)][:80]
+
+
+def _text(data: bytes | str | None) -> str:
+    """Output captured by a subprocess that timed out: bytes whatever text= said."""
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, quick: bool) -> list[dict]:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        log("ncu: not found on PATH, skipped")
+        return [{"status": "skipped", "detail": "ncu not on PATH"}]
+    metrics = tensor_metrics(ncu)
+    log(f"ncu: {ncu}; tensor metrics: {metrics or 'none known'}")
+    records = []
+    targets = [p for p in plans if tuple(p["shape"]) in map(tuple, NCU_SHAPES[: 1 if quick else 2])]
+    for plan in targets:
+        left = time_left()
+        if left < 25:
+            records.append({"shape": plan["slug"], "status": "skipped", "detail": "out of time"})
+            continue
+        ours = [e for e in plan["configs"] if e.get("status") == "ok" and e.get("tflops")]
+        default = next((e for e in ours if e["name"] == "default"), None)
+        best = max((e for e in ours if e["name"] != "default"), key=lambda e: e["tflops"], default=None)
+        subjects = [{"label": f"flashtune:{e['name']}", "kind": "flashtune",
+                     "arg": kernel_arg(space, device, plan["problem"], e, False)} for e in (default, best) if e]
+        if not plan.get("peers", {}).get("sdpa_cudnn", {}).get("failure"):
+            subjects.append({"label": "cudnn", "kind": "sdpa", "backend": PEERS["sdpa_cudnn"]})
+        spec = out / f".ncu_spec_{plan['slug']}.json"
+        spec.write_text(json.dumps({"problem": plan["problem"].to_dict(), "subjects": subjects}))
+        cmd = ncu_command(ncu, str(spec), metrics, launches=3 * len(subjects))
+        path = out / f"ncu_{plan['slug']}.txt"
+        start = time.perf_counter()
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=min(75.0, left - 10), cwd=REPO,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+            text = (f"$ {' '.join(cmd)}\n# subjects, in launch order: {', '.join(s['label'] for s in subjects)}\n"
+                    f"# exit code {run.returncode}\n{run.stdout}\n{run.stderr}")
+            status = "ok" if run.returncode == 0 else f"exit {run.returncode}"
+        except subprocess.TimeoutExpired as e:
+            text = f"$ {' '.join(cmd)}\n# timed out\n{_text(e.stdout)}\n{_text(e.stderr)}"
+            status = "timeout"
+        except OSError as e:
+            text, status = f"$ {' '.join(cmd)}\n# failed: {e}", "error"
+        finally:
+            spec.unlink(missing_ok=True)
+        path.write_text(text[:7_000_000])
+        seconds = round(time.perf_counter() - start, 1)
+        log(f"ncu {plan['slug']}: {status} in {seconds} s -> {path.name}; key lines:")
+        for line in key_lines(text):
+            print("    " + line.strip()[:160])
+        records.append({"shape": plan["slug"], "file": path.name, "status": status, "seconds": seconds,
+                        "subjects": [s["label"] for s in subjects]})
+    return records
+
+
+# ---- 5. report ---------------------------------------------------------------------------------
+def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> str:
+    """One row per config and peer, fastest first. With `top`: per shape only the default, the `top`
+    fastest, every config that failed (wrong, hang, compile error) and the peers."""
+    lines = [f"{'shape':<30} {'config':<44} {'TFLOPS':>7} {'xcuDNN':>7} {'xdef':>6} {'rel_err':>8} "
+             f"{'regs':>4} {'occ':>3} status"]
+    for plan in plans:
+        peers = plan.get("peers", {})
+        cudnn = peers.get("sdpa_cudnn", {}).get("tflops")
+        default = next((e.get("tflops") for e in plan["configs"] if e["name"] == "default"), None)
+        rows = sorted(plan["configs"], key=lambda e: -(e.get("tflops") or 0))
+        if top is not None:
+            fastest = [e for e in rows if e.get("tflops")][:top]
+            rows = [e for e in rows if e in fastest or e["name"] == "default" or e.get("status") not in ("ok", None)]
+        for e in rows + [{"name": n, **peer} for n, peer in peers.items()]:
+            tf = e.get("tflops")
+            res = e.get("build", {}).get("resources", {})
+            spill = "S" if res.get("spill_store_bytes") or res.get("spill_load_bytes") else ""
+            occ = e.get("ctas_per_sm_occupancy", "")
+            label = diff_text(e["diff"]) if "diff" in e else e["name"]
+            status = e.get("status", "ok" if tf else (e.get("failure") or "")[:40])
+            status = status.upper() if status in ("wrong", "hang", "crash") else status
+            rel = e.get("rel_error")
+            cells = (f"{tf:.0f}" if tf else "-", f"{tf / cudnn:.3f}" if tf and cudnn else "-",
+                     f"{tf / default:.3f}" if tf and default else "-",
+                     f"{rel:.1e}" if isinstance(rel, float) and math.isfinite(rel) else "-",
+                     f"{res.get('registers', '')}{spill}", str(occ) if isinstance(occ, int) else "")
+            lines.append(f"{plan['slug']:<30} {label[:44]:<44} {cells[0]:>7} {cells[1]:>7} {cells[2]:>6} "
+                         f"{cells[3]:>8} {cells[4]:>4} {cells[5]:>3} {status if status != 'ok' else ''}")
+        for s in plan.get("skipped", []):
+            if s["status"] == "invalid":
+                lines.append(f"{plan['slug']:<30} {s['name']:<44} invalid: {s['detail'][:80]}")
+    if gemm and gemm.get("tflops"):
+        lines.append(f"cuBLAS GEMM 8192^3 fp16: {gemm['tflops']:.0f} TFLOPS ({gemm['ms']:.3f} ms)")
+    elif gemm:
+        lines.append(f"cuBLAS GEMM 8192^3 fp16: {gemm.get('failure', 'not timed')[:100]}")
+    return "\n".join(lines)
+
+
+def to_json(plans: list[dict], **extra) -> str:
+    def clean(e: dict) -> dict:
+        return {k: v for k, v in e.items() if k not in ("arg",)}
+
+    shapes = [{"slug": p["slug"], "problem": p["problem"].to_dict(), "flops": p["problem"].flops,
+               "configs": [clean(e) for e in p["configs"]], "skipped": p.get("skipped", []),
+               "peers": p.get("peers", {}), "setup": p.get("setup")} for p in plans]
+    return json.dumps({"shapes": shapes, **extra}, indent=1, default=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="folder for bench_sm90.json, the table and ncu text")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 shapes, few configs, 1 ncu run")
+    parser.add_argument("--no-ncu", action="store_true", help="skip the ncu stage")
+    parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--ncu-run", help=argparse.SUPPRESS)  # internal: the process ncu profiles
+    args = parser.parse_args(argv)
+    if args.ncu_run:
+        ncu_subject_run(args.ncu_run)
+        return 0
+    if not args.out:
+        parser.error("--out is required")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tuner.worker import Worker, WorkerError
+
+    space = load_space("sm90")
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    plans = [{"shape": list(s), "problem": make_problem(s), "slug": make_problem(s).slug()} for s in shapes]
+    gemm: dict | None = None
+    info: dict = {}
+    log(f"bench_sm90: {len(plans)} shapes, python {sys.version.split()[0]}, out {out}")
+    with Worker(handler=HANDLER, device=0) as worker:
+        try:
+            info = worker.call("device_info", None, timeout_s=180)
+        except WorkerError as e:
+            log(f"GPU worker failed to start: {e}")
+            return 1
+        device = DeviceLimits.from_info(info)
+        log(f"GPU {info.get('name')} sm_{info.get('arch')} x{info.get('num_sms')}, smem/SM {device.smem_per_sm}, "
+            f"torch {info.get('torch')} cuDNN {info.get('cudnn')}, cupy {info.get('cupy')}, "
+            f"driver {info.get('driver')}")
+        hung: list[dict] = []
+        for plan in plans:
+            plan["configs"], plan["skipped"] = plan_shape(space, device, plan["problem"], args.quick)
+            log(f"plan {plan['slug']}: {len(plan['configs'])} configs; infeasible: "
+                + ", ".join(s["name"] for s in plan["skipped"]))
+        compile_all(plans, device, budget_s=min(170.0, time_left() - 150))
+        for i, plan in enumerate(plans):
+            reserve = 0 if args.no_ncu else NCU_RESERVE_S
+            if time_left() < reserve + 20:
+                log(f"out of time: {plan['slug']} and the rest are not timed")
+                plan["setup"] = "skipped: out of time"
+                continue
+            log(f"shape {i + 1}/{len(plans)} {plan['slug']}")
+            try:
+                run_shape(worker, space, device, plan, args.seed + i, hung)
+                plan["setup"] = "ok"
+            except WorkerError as e:
+                plan["setup"] = f"failed: {str(e)[:300]}"
+                log(f"  shape failed: {str(e)[:200]}")
+            best = max((e for e in plan["configs"] if e.get("tflops")), key=lambda e: e["tflops"], default=None)
+            cudnn = plan.get("peers", {}).get("sdpa_cudnn", {}).get("tflops")
+            if best:
+                log(f"  best {best['name']} {best['tflops']:.0f} TFLOPS; cuDNN {cudnn and round(cudnn)}")
+        if time_left() > (0 if args.no_ncu else 60) + 15:
+            try:
+                gemm = worker.call("time_gemm", None, timeout_s=90)
+                log(f"cuBLAS 8192^3 fp16 GEMM: {gemm['tflops']:.0f} TFLOPS")
+            except WorkerError as e:
+                gemm = {"failure": str(e)[:300]}
+    json_path = out / "bench_sm90.json"
+    json_path.write_text(to_json(plans, gpu=info, gemm=gemm, elapsed_s=time.perf_counter() - _T0))
+    ncu_records = [] if args.no_ncu else run_ncu(plans, out, space, DeviceLimits.from_info(info), args.quick)
+    (out / "bench_sm90_table.txt").write_text(table(plans, gemm) + "\n")
+    text = table(plans, gemm, top=6)
+    json_path.write_text(to_json(plans, gpu=info, gemm=gemm, ncu=ncu_records, elapsed_s=time.perf_counter() - _T0))
+    log(f"wrote {json_path.name}, bench_sm90_table.txt (every config) and {len(ncu_records)} ncu records; "
+        "per shape the default, the 6 fastest, failures and peers:")
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

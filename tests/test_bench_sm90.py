@@ -1,0 +1,145 @@
+"""The CPU side of the device benchmark tests/gpu/bench_sm90.py: its plan, its orchestration of the
+GPU worker (here a fake handler in this module: no GPU, no nvcc), the table and the ncu command."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.gpu import bench_sm90 as bench
+from tuner.devices import limits_for_arch
+from tuner.space import load_space
+
+
+def test_every_shape_gets_a_feasible_plan_with_both_ctas_per_sm_values():
+    space, device = load_space("sm90"), limits_for_arch(90)
+    assert len(bench.SHAPES) == 10 and all(s in bench.SHAPES for s in bench.NCU_SHAPES + bench.QUICK_SHAPES)
+    for shape in bench.SHAPES:
+        problem = bench.make_problem(shape)
+        configs, skipped = bench.plan_shape(space, device, problem, quick=False)
+        assert configs[0]["name"] == "default" and configs[0]["diff"] == {}
+        assert all(space.check(c["config"], problem, device) is None for c in configs)
+        assert not [s for s in skipped if s["status"] == "invalid"], skipped  # every variant names real values
+        assert len({json.dumps(c["config"], sort_keys=True) for c in configs}) == len(configs)
+        assert {c["config"]["ctas_per_sm"] for c in configs} == {1, 2}, problem.slug()
+        assert {c["config"]["persistent"] for c in configs} == {0, 1}
+        assert len(configs) >= 12, problem.slug()
+        if problem.head_dim == 64:
+            assert {"poly2", "wgs3", "wgs3_serial_bn160"} <= {c["name"] for c in configs}
+
+
+def test_quick_plan_is_small():
+    space, device = load_space("sm90"), limits_for_arch(90)
+    for shape in bench.QUICK_SHAPES:
+        configs, _ = bench.plan_shape(space, device, bench.make_problem(shape), quick=True)
+        assert 2 <= len(configs) <= 4
+
+
+# ---- a fake GPU handler (the worker imports this module by name) -----------------------------
+_STATE: dict = {}
+
+
+def setup(device):
+    _STATE.clear()
+
+
+def device_info(_=None):
+    return {"name": "Fake H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448, "smem_per_sm": 233472,
+            "regs_per_sm": 65536, "cupy": "0", "driver": "0", "torch": "0", "cudnn": 0}
+
+
+def setup_shape(arg):
+    _STATE["runners"] = set()
+    return {"reference_s": 0.0, "rows_checked": 1}
+
+
+def add_kernel(arg):
+    if arg["name"] == "ctas2" and arg["check"]:
+        time.sleep(30)  # a hang: the parent's timeout kills this worker
+    if arg["name"] == "pingpong" and arg["check"]:
+        os._exit(3)  # a crash: the parent must set the shape up again in a new worker and go on
+    if arg["name"] == "persistent" and arg["check"]:
+        return {"failure": "O relative error 1 > 0.002", "rel_error": 1.0, "lse_error": 0.0}
+    _STATE["runners"].add(arg["name"])
+    return {"failure": None, "rel_error": 1e-4, "lse_error": 1e-6,
+            "ctas_per_sm_occupancy": arg["config"]["ctas_per_sm"]}
+
+
+def add_peers(_=None):
+    _STATE["runners"] |= {"sdpa_cudnn"}
+    return {"sdpa_cudnn": {"failure": None, "rel_error": 1e-4}, "sdpa_flash": {"failure": "RuntimeError: no"}}
+
+
+def time_round(names):
+    return {n: {"ms": 1.0 if n == "sdpa_cudnn" else 0.5 + 0.1 * len(n) / 10, "min_ms": 0.4, "reps": 5}
+            for n in names if n in _STATE["runners"]}
+
+
+def time_gemm(_=None):
+    return {"round_ms": [1.0] * 3, "ms": 1.0, "tflops": 1099.5}
+
+
+def test_orchestration_reports_wrong_and_crashed_configs_and_times_the_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "HANDLER", "tests.test_bench_sm90")
+    monkeypatch.setattr(bench, "CHECK_TIMEOUT_S", 2.0)
+
+    def fake_compile_all(plans, device, budget_s):
+        for plan in plans:
+            for e in plan["configs"]:
+                e["build"] = ({"ok": False, "detail": "CompileError: planted"} if e["name"] == "ctas2" and
+                              plan["problem"].head_dim == 64 else
+                              {"ok": True, "cubin": "x.cubin", "entry": "flashtune_fwd", "compile_s": 0, "cached": True,
+                               "resources": {"registers": 168, "spill_store_bytes": 0, "spill_load_bytes": 0,
+                                             "stack_bytes": 0, "static_smem_bytes": 0}})
+
+    monkeypatch.setattr(bench, "compile_all", fake_compile_all)
+    assert bench.main(["--out", str(tmp_path), "--quick", "--no-ncu"]) == 0
+    data = json.loads((tmp_path / "bench_sm90.json").read_text())
+    assert len(data["shapes"]) == 2 and data["gemm"]["tflops"] > 1000
+    for shape in data["shapes"]:
+        status = {c["name"]: c["status"] for c in shape["configs"]}
+        assert status["persistent"] == "wrong" and status["pingpong"] in ("crash", "skipped")
+        assert status["default"] == "ok"
+        timed = [c for c in shape["configs"] if c["status"] == "ok"]
+        assert timed and all(len(c["round_ms"]) == bench.ROUNDS and c["tflops"] > 0 for c in timed)
+        assert "round_ms" not in next(c for c in shape["configs"] if c["status"] == "wrong")
+        assert shape["peers"]["sdpa_cudnn"]["round_ms"] and shape["peers"]["sdpa_flash"]["failure"]
+    first, second = ({c["name"]: c for c in s["configs"]} for s in data["shapes"])
+    assert first["pingpong"]["status"] == "crash" and first["ctas2"]["status"] == "hang"
+    assert second["pingpong"]["status"] == "skipped" and "pp=1" in second["pingpong"]["detail"]
+    assert second["ctas2"]["status"] == "compile_error"
+    table = (tmp_path / "bench_sm90_table.txt").read_text()
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(table.rstrip().splitlines()[-1])  # the table is printed last
+    assert "WRONG" in table and "compile_error" in table and "CRASH" in table and "cuBLAS GEMM" in table
+    default_row = next(line for line in table.splitlines() if "(default)" in line and "d128" in line)
+    assert " 1.000 " in default_row  # ratio to the default
+
+
+def test_ncu_command_and_key_lines():
+    cmd = bench.ncu_command("/usr/bin/ncu", "/tmp/spec.json", ["m.avg.pct_of_peak_sustained_active"], launches=9)
+    text = " ".join(cmd)
+    assert "--clock-control none" in text and "--target-processes all" in text and "--launch-count 9" in text
+    assert "--profile-from-start off" in text and "--metrics m.avg.pct_of_peak_sustained_active" in text
+    assert all(f"--section {s}" in text for s in ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats"))
+    assert cmd[-4:] == ["-m", "tests.gpu.bench_sm90", "--ncu-run", "/tmp/spec.json"]
+    sample = "NCU-SUBJECT flashtune:default\n  flashtune_fwd (132, 1, 1)x(384, 1, 1)\n    Duration  us  98.5\n" \
+             "    Some Other Metric  1\n    Achieved Occupancy   %   18.7\n"
+    assert bench.key_lines(sample) == ["NCU-SUBJECT flashtune:default", "  flashtune_fwd (132, 1, 1)x(384, 1, 1)",
+                                       "    Duration  us  98.5", "    Achieved Occupancy   %   18.7"]
+
+
+def test_the_module_needs_no_optuna():
+    """The device has no optuna/sqlalchemy: the script and the tuner modules it imports must not need them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['optuna'] = None; sys.modules['sqlalchemy'] = None\n"
+            "import tests.gpu.bench_sm90, tuner.worker, tuner.compile, tuner.gpu.measure, tuner.gpu.launch, "
+            "tuner.gpu.reference, tuner.gpu.tensors, tuner.gpu.info\n")
+    pytest.importorskip("cupy")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=bench.REPO)
+    assert run.returncode == 0, run.stderr

@@ -1,0 +1,49 @@
+"""tuner.devices: the nominal limits table and limits from what a GPU worker reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.devices import KNOWN_ARCHS, SMEM_RESERVED_PER_BLOCK, DeviceLimits, limits_for_arch
+from tuner.problem import Problem
+from tuner.space import load_space
+
+H200 = {"name": "NVIDIA H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448, "regs_per_sm": 65536}
+
+
+@pytest.mark.parametrize("arch", KNOWN_ARCHS)
+def test_one_cta_of_the_opt_in_maximum_and_its_reservation_fill_an_sm(arch):
+    """The programming guide's figures: per SM = opt-in per block + the 1 KB reserved per block."""
+    d = limits_for_arch(arch)
+    assert d.smem_per_sm == d.smem_per_block_optin + d.smem_reserved_per_block
+    assert d.env()["smem_per_sm"] == d.smem_per_sm and d.env()["smem_reserved_per_block"] == SMEM_RESERVED_PER_BLOCK
+
+
+def test_limits_from_a_device_report():
+    d = DeviceLimits.from_info({**H200, "smem_per_sm": 233472, "smem_reserved_per_block": 1024})
+    assert (d.smem_per_sm, d.smem_reserved_per_block, d.num_sms) == (233472, 1024, 132)
+
+
+def test_a_report_stored_before_smem_per_sm_gets_the_table_value():
+    assert DeviceLimits.from_info(H200).smem_per_sm == 233472
+    # an arch the table does not know: room for exactly one CTA of the opt-in maximum
+    old = DeviceLimits.from_info({**H200, "arch": 75, "smem_per_block_optin": 65536})
+    assert old.smem_per_sm == 65536 + SMEM_RESERVED_PER_BLOCK
+
+
+def test_two_ctas_per_sm_must_fit_the_sm_exactly():
+    """sm90: two CTAs of one consumer warpgroup fit at 64 keys per tile (head dim 128), not at 96,
+    whose two CTAs need 512 B more than the SM has."""
+    space, device = load_space("sm90"), limits_for_arch(90)
+    problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=128)
+    config = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232}
+    fits = space.validate({**config, "block_n": 80}, partial=True)
+    assert space.check(fits, problem, device) is None
+    too_big = space.validate({**config, "block_n": 96}, partial=True)
+    env = space.environment(too_big, problem, device)
+    assert 2 * (env["smem_bytes"] + 1024) == device.smem_per_sm + 512
+    assert "smem_per_sm_fits" in space.check(too_big, problem, device)
+    assert space.check({**too_big, "ctas_per_sm": 1, "producer_regs": 56, "consumer_regs": 256}, problem, device) is None
+    # and the registers: two CTAs of 256 threads start at 128 each, so producer + consumer <= 256
+    assert env["entry_regs"] == 128
+    assert "setmaxnreg_budget" in space.check({**fits, "producer_regs": 32}, problem, device)
