@@ -69,7 +69,8 @@ def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp
     storage, log = f"sqlite:///{tmp_path}/study.db", tmp_path / "measured.log"
     proc = _start(storage, "killed", 40, log, sleep_s=0.3)
     try:
-        _wait_for(lambda: log.exists() and len(_measured_counts(log)) >= 5, 120, "5 measured trials")
+        # stored, not only measured: the measurement log is written before the trial is stored
+        _wait_for(lambda: sum(t.state.is_finished() for t in _trials(storage, "killed")) >= 5, 120, "5 stored trials")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
