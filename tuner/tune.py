@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import functools
+import math
 import multiprocessing as mp
 import os
 import random
@@ -42,7 +43,7 @@ from .jobs import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
 from .problem import Problem
 from .search import OptunaSearch, Search, distributions
 from .space import Config, Space, config_key
-from .storage import retrying
+from .storage import retrying, set_trial_user_attrs
 
 __all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
 
@@ -60,6 +61,7 @@ class TuneSettings:
     compile_ahead: int | None = None  # configs compiling or compiled, not yet measured; None: compile_workers + 2
     compile_timeout_s: float = 600.0
     trial_timeout_s: float = 120.0
+    refresh_interval_s: float = 0.5  # re-read the shared study at most this often while configs are in flight
     storage_retries: int = 6  # attempts per storage operation ...
     storage_retry_delay_s: float = 1.0  # ... waiting this long after the first failure, doubling each time
     measure: MeasureSettings = field(default_factory=MeasureSettings)
@@ -109,13 +111,20 @@ class RunStats:
         """Share of the wall time the GPU spent in trial kernels."""
         return self.kernel_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def gpu_busy_measuring(self) -> float:
+        """Share of the time inside measurements (worker round trips) the GPU spent in trial kernels."""
+        return self.kernel_s / self.measure_s if self.measure_s > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "configs_per_s": round(self.configs_per_s, 3), "gpu_busy": round(self.gpu_busy, 3)}
+        return {**asdict(self), "configs_per_s": round(self.configs_per_s, 3), "gpu_busy": round(self.gpu_busy, 3),
+                "gpu_busy_measuring": round(self.gpu_busy_measuring, 3)}
 
     def line(self) -> str:
         other = self.wall_s - self.measure_s - self.compile_wait_s - self.search_s - self.storage_s
         return (f"{self.evaluated} configs in {self.wall_s:.0f} s = {self.configs_per_s:.2f}/s, GPU busy "
-                f"{100 * self.gpu_busy:.0f}%; wall time: measuring {self.measure_s:.0f} s, waiting for compiles "
+                f"{100 * self.gpu_busy:.0f}% ({100 * self.gpu_busy_measuring:.0f}% while measuring); "
+                f"wall time: measuring {self.measure_s:.0f} s, waiting for compiles "
                 f"{self.compile_wait_s:.0f} s, search {self.search_s:.0f} s, storage {self.storage_s:.0f} s, "
                 f"other {max(0.0, other):.0f} s")
 
@@ -171,10 +180,13 @@ class _StudyState:
             elif t.state == TrialState.WAITING:
                 self.waiting += 1
             elif t.number not in self._done and t.state.is_finished():
-                self._done.add(t.number)
-                self._read_finished(t, search)
+                self.record(t, search)
 
-    def _read_finished(self, t: FrozenTrial, search: Search) -> None:
+    def record(self, t: FrozenTrial, search: Search) -> None:
+        """Account for a finished trial (once): the budget, the configs taken, the best, the search."""
+        if t.number in self._done:
+            return
+        self._done.add(t.number)
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not t.params:
             return
         if _counts(t):
@@ -216,7 +228,9 @@ class TuneLoop:
         self.deadline = self.start + settings.timeout_s if settings.timeout_s is not None else None
         self.pool = _compile_pool(settings)
         self._last_recovery = 0.0
+        self._last_refresh = -math.inf
         self._nothing_to_propose = False
+        self._exploration_failed = False  # no unseen feasible config turned up: do not draw thousands again
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> TuneSummary:
@@ -236,7 +250,7 @@ class TuneLoop:
     def _round(self) -> bool:
         """One round; False once the loop should stop (``summary.stopped_because`` says why)."""
         self._recover_stale_if_due()
-        self._timed_storage(lambda: self.state.refresh(self.study, self.search), "reading the study")
+        self._refresh_if_due()
         self._fill_queue()
         if self.held.compiling:
             self._measure_next()
@@ -266,6 +280,14 @@ class TuneLoop:
         if n is None or self.state.evaluated >= n or self.state.running == 0:
             return False
         return self.deadline is None or time.monotonic() < self.deadline
+
+    def _refresh_if_due(self) -> None:
+        """Re-read the study; while configs are in flight, at most every ``refresh_interval_s`` (this
+        process's own trials are accounted for locally meanwhile)."""
+        due = time.monotonic() - self._last_refresh >= self.settings.refresh_interval_s
+        if due or not self.held.compiling:
+            self._timed_storage(lambda: self.state.refresh(self.study, self.search), "reading the study")
+            self._last_refresh = time.monotonic()
 
     def _recover_stale_if_due(self) -> None:
         if time.monotonic() - self._last_recovery > HEARTBEAT_INTERVAL_S:
@@ -307,8 +329,11 @@ class TuneLoop:
             config = self.search.propose(taken)
             if config is not None:
                 return config, {}
+            if self.search.exhaustive or self._exploration_failed:  # nothing left that a random draw could find
+                return None, {}
             config = _unseen_feasible(self.space, self.problem, self.device, taken, self.rng)
             if config is None:
+                self._exploration_failed = True
                 return None, {}
             self.summary.explorations += 1
             return config, {st.EXPLORATION: True}
@@ -383,11 +408,12 @@ class TuneLoop:
         self.held.compiling.remove(item)
         self.heartbeat.release(item.trial)
         key = config_key(item.config)
+        self.state.record(frozen, self.search)  # now: the study is re-read only every refresh_interval_s
         self.state.seen[key] = frozen
+        self.state.running -= 1
         for duplicate in self.held.duplicates.pop(key, []):
             _finish_duplicate(self.study, duplicate, frozen, self.storage_call)
             self.heartbeat.release(duplicate)
-        self.search.observe(item.config, frozen.value if frozen.state == TrialState.COMPLETE else None)
         self._report("trial")
 
     def _run_one(self, item: _Pending) -> FrozenTrial:
@@ -552,8 +578,7 @@ def _finish(study: optuna.Study, trial: Trial, storage_call: Callable[..., Any],
 
     def store() -> FrozenTrial:
         try:
-            for key, v in attrs.items():
-                trial.set_user_attr(key, v)
+            set_trial_user_attrs(study._storage, trial._trial_id, attrs)
             if value is not None:
                 return study.tell(trial, value)
             return study.tell(trial, state=state or TrialState.PRUNED)

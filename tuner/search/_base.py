@@ -33,6 +33,8 @@ class Search(ABC):
     and everyone else's, once each.
     """
 
+    exhaustive = False  # True: the strategy knows every feasible config, so a random draw finds nothing new
+
     def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None) -> None:
         self.space, self.problem, self.device = space, problem, device
         self.rng = random.Random(seed)

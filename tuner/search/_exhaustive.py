@@ -19,6 +19,8 @@ class ExhaustiveSearch(Search):
     """Enumerates the grid once, keeps the statically feasible points (so an exhaustive sweep spends
     nothing on the infeasible ones) and proposes them in a random order fixed by the seed."""
 
+    exhaustive = True
+
     def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None) -> None:
         super().__init__(space, problem, device, seed)
         names = [k.name for k in space.knobs]
