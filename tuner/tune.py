@@ -265,7 +265,13 @@ class TuneLoop:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return False
         n = self.settings.n_trials
-        return n is None or self.state.evaluated + self.state.running < n
+        if n is None:
+            return True
+        if n - self.state.evaluated - self.state.running <= self.settings.window:
+            # near the target other tuners' trials decide: read the study before each new trial
+            self._timed_storage(lambda: self.state.refresh(self.study, self.search), "reading the study")
+            self._last_refresh = time.monotonic()
+        return self.state.evaluated + self.state.running < n
 
     def _why_stopped(self) -> str:
         if self.deadline is not None and time.monotonic() >= self.deadline:
