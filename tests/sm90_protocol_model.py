@@ -130,12 +130,20 @@ def _unit(k: Knobs, s: Shape, index: int, rank: int) -> Unit:
 
 
 def cluster_units(k: Knobs, s: Shape, clusters: int) -> list[list[int]]:
-    """The unit numbers each cluster takes, in order (persistent: round-robin over ``clusters``)."""
+    """The unit numbers each cluster takes, in order (persistent: rounds of ``clusters`` units, in a snake:
+    cluster c takes unit r n + c in even rounds r and r n + n - 1 - c in odd ones, as tile_scheduler.cuh)."""
     units = _ceil_div(s.seqlen_q, k.block_m * k.cta_mode) * s.heads_q * s.batch
     if not k.persistent:
         return [[u] for u in range(units)]
     n = min(clusters, units)
-    return [list(range(c, units, n)) for c in range(n)]
+    out = []
+    for c in range(n):
+        taken, r = [], 0
+        while (u := r * n + (n - 1 - c if r % 2 else c)) < units:
+            taken.append(u)
+            r += 1
+        out.append(taken)
+    return out
 
 
 # ---- simulated hardware -----------------------------------------------------------------------

@@ -97,3 +97,21 @@ def test_an_ambiguous_parity_wait_is_an_error():
     bar.arrive()  # two phases completed: a wait for phase 0 would read parity 0 as "not yet"
     with pytest.raises(ProtocolError, match="parity"):
         bar.passed(0)
+
+
+@pytest.mark.parametrize("clusters", [4, 8, 12, 132])
+def test_persistent_clusters_share_causal_work_evenly(clusters):
+    """The snake order of tile_scheduler.cuh: when the cluster count is a multiple of the query blocks per
+    head (132 SMs, 4 blocks of 128 rows at N = 512), plain round-robin gave each cluster units of one
+    length; the snake gives each cluster a long and a short one in turn."""
+    from tests.sm90_protocol_model import _unit
+
+    knobs = Knobs(persistent=True)
+    shape = Shape(batch=32, seqlen_q=512, seqlen_k=512, heads_q=16, heads_kv=16, causal=True)
+    per_cluster = [sum(_unit(knobs, shape, u, 0).n_block_max for u in units)
+                   for units in cluster_units(knobs, shape, clusters)]
+    longest = max(_unit(knobs, shape, u, 0).n_block_max for u in range(4))
+    assert max(per_cluster) - min(per_cluster) <= longest  # within one unit of each other
+    round_robin = [sum(_unit(knobs, shape, u, 0).n_block_max for u in range(c, 2048, clusters))
+                   for c in range(clusters)]
+    assert max(round_robin) >= 3 * min(round_robin)  # what the snake replaced
