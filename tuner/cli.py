@@ -45,6 +45,12 @@ def _storage_url(text: str) -> str:
     return text
 
 
+def _output(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the output file name is empty; give a file name (or leave -o out)")
+    return text
+
+
 def _samples(text: str) -> int:
     """``all`` (0: every feasible config) or a positive number of configs."""
     if text.strip().lower() == "all":
@@ -521,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
     p.add_argument("--ablate", action="store_true",
                    help="with --suite: also time each winner with each tuned knob put back to its default")
-    p.add_argument("-o", "--output", help="with --suite: Markdown file to write (and a .json beside it)")
+    p.add_argument("-o", "--output", type=_output, help="with --suite: Markdown file to write (and a .json beside it)")
     p.add_argument("--gpu", type=_gpu_index, default=0, help="CUDA device index (default %(default)s)")
     p.set_defaults(func=cmd_bench)
 
@@ -530,14 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch", action="store_true", help="one C++17 header that selects a config per shape")
     p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
     _add_storage(p)
-    p.add_argument("-o", "--output", help="header file to write (default: standard output)")
+    p.add_argument("-o", "--output", type=_output, help="header file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a study (and of a suite)")
     p.add_argument("--study", type=_study_name, help="the study to report on")
     p.add_argument("--suite", help="add a page comparing the winning configs across the shapes of this suite")
     _add_storage(p)
-    p.add_argument("-o", "--output", help="HTML file to write (default: <study or suite>.html)")
+    p.add_argument("-o", "--output", type=_output, help="HTML file to write (default: <study or suite>.html)")
     p.set_defaults(func=cmd_report)
     return parser
 

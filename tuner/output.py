@@ -28,27 +28,36 @@ def _fail(path: str | Path, why: str) -> OutputError:
     return OutputError(f"cannot write {printable(path, 160)}: {why}")
 
 
+def _mode(path: Path) -> int | None:
+    """The mode of what ``path`` names, links followed (``/dev/stdout`` to the pipe itself); None if nothing."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+
+
 def check_output_path(path: str | Path) -> Path:
     """``path`` if a file can be written there, else :class:`OutputError` (checked before any work is done)."""
     if not str(path):
         raise OutputError("the output file name is empty; give a file name with -o")
     path = Path(path)
     try:
-        target = Path(os.path.realpath(path))
-        if target.exists():
-            mode = target.stat().st_mode
+        mode = _mode(path)
+        if mode is not None:
             if stat.S_ISDIR(mode):
                 raise _fail(path, "it is a directory; give a file name")
             if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
                 raise _fail(path, "it is not a regular file, a character device or a pipe")
-            if not os.access(target, os.W_OK):
+            if not os.access(path, os.W_OK):
                 raise _fail(path, "permission denied")
-        elif not target.parent.is_dir():
+            return path
+        target = Path(os.path.realpath(path))  # a new file, or the missing target of a link
+        if not target.parent.is_dir():
             raise _fail(path, f"folder {printable(path.parent, 160)} does not exist")
-        elif len(target.name.encode(errors="surrogateescape")) > _name_max(target.parent):
+        if len(os.fsencode(target.name)) > _name_max(target.parent):
             raise _fail(path, f"the file name is longer than the {_name_max(target.parent)} bytes this file "
                         "system allows; give a shorter name")
-        elif not os.access(target.parent, os.W_OK | os.X_OK):
+        if not os.access(target.parent, os.W_OK | os.X_OK):
             raise _fail(path, f"folder {printable(path.parent, 160)} is not writable")
     except OSError as e:
         raise _fail(path, e.strerror or str(e)) from None
@@ -66,13 +75,13 @@ def write_text(text: str, path: str | Path) -> Path:
     """Write ``text`` to ``path``: atomically for a regular file or a new path, straight through for a
     device or pipe; :class:`OutputError` if the path is unusable. Returns ``path``."""
     path = check_output_path(path)
-    target = Path(os.path.realpath(path))
     try:
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            with open(target, "w", encoding="utf-8") as f:  # /dev/stdout, /dev/null, a FIFO: write through
+        mode = _mode(path)
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(path, "w", encoding="utf-8") as f:  # /dev/stdout, /dev/null, a FIFO: write through
                 f.write(text)
             return path
-        _replace_atomically(text, target)
+        _replace_atomically(text, Path(os.path.realpath(path)))  # through a link: its target, the link stays
     except OSError as e:
         raise _fail(path, e.strerror or str(e)) from None
     return path

@@ -71,6 +71,7 @@ def _secrets_of(url: str) -> set[str]:
     pair = _userinfo_secret(m.group(1) if m else None, m.group(2) if m else url)
     if pair:
         found.add(pair[1])
+        found.update(pair[1].split("@"))  # a driver may quote the tail it took for the host name
     found.update(v for _, v in _SECRET_QUERY.findall(url))
     try:
         parsed = make_url(url)
