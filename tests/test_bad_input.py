@@ -535,3 +535,46 @@ def test_tune_without_a_gpu_says_so_once_and_creates_nothing(tmp_path):
     assert lines[0].startswith("flashtune tune: error: no usable GPU 0") and "flashtune check" in lines[0]
     assert "insufficient" not in lines[0] or "driver" in lines[0]
     assert list(tmp_path.iterdir()) == []  # no studies/flashtune.db
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    from tests.pg_server import PostgresServer, PostgresUnavailable
+
+    pytest.importorskip("psycopg")
+    try:
+        server = PostgresServer()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    yield server
+    server.close()
+
+
+@pytest.mark.postgres
+def test_a_postgres_outage_is_named_as_one(capsys, postgres, tmp_path):
+    make_study(postgres.url, "kept", n_trials=4, failures=False)
+    postgres.stop()
+    try:
+        for command in (("studies",), ("best", "--study", "kept"), ("export", "--study", "kept"), ("tune",)):
+            line = refused(capsys, *command, "--storage", postgres.url, secrets=("secret-pw",))
+            assert "max length" not in line and ("connect" in line or "refused" in line), line
+    finally:
+        postgres.start()
+    rc, out, err = run(capsys, "best", "--study", "kept", "--storage", postgres.url)
+    assert rc == 0, err  # nothing was lost
+
+
+def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
+    """The study and GPU names in the banner come from the storage and the driver: escaped, like everywhere."""
+    import tuner.cli
+    import tuner.run
+    from tests.fake_studies import H200_INFO
+
+    monkeypatch.chdir(tmp_path)
+    info = dict(H200_INFO, name="NVIDIA\x1b[2J H200\x07")
+    monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [info for _ in gpus])
+    monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos: [])
+    monkeypatch.setattr(tuner.cli, "_retime_and_print", lambda spec, gpu, top_k, rounds: 0)
+    rc, out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
+    assert rc == 0, err
+    assert "\x1b" not in err and "\x07" not in err and "NVIDIA\\x1b[2J H200\\x07" in err
