@@ -236,7 +236,8 @@ def test_reading_commands_create_no_schema(capsys, tmp_path, content, name):
 
 def test_reading_commands_change_no_byte_of_a_study_database(capsys, untouched):
     for command in (("studies",), ("best", "--study", "good"), ("best", "--study", "good", "--json"),
-                    ("export", "--study", "good")):
+                    ("export", "--study", "good"), ("export", "--dispatch", "--study", "good"),
+                    ("report", "--study", "good", "-o", "/dev/null")):
         rc, out, err = run(capsys, *command, "--storage", untouched)
         assert rc == 0, (command, err)
 
@@ -287,6 +288,23 @@ def test_a_read_only_database_is_refused_for_tuning_and_read_for_reading(capsys,
     refused(capsys, "tune", "--storage", f"sqlite:///{copy}", fragments=("read-only",))
     rc, out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
     assert rc == 0, err
+
+
+def test_a_read_only_database_is_refused_before_tuning(capsys, tmp_path, monkeypatch, db):
+    """As the root user (CI) cannot make a file read-only, the access check is what is tested here."""
+    import tuner.storage
+
+    url, directory = db
+    copy = tmp_path / "ro.db"
+    shutil.copy(directory / "studies.db", copy)
+    real_access = os.access
+    monkeypatch.setattr(tuner.storage.os, "access",
+                        lambda path, mode: False if Path(path) == copy and mode & os.W_OK else real_access(path, mode))
+    before = snapshot(tmp_path)
+    refused(capsys, "tune", "--storage", f"sqlite:///{copy}", fragments=("read-only",))
+    rc, out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
+    assert rc == 0, err  # reading needs no write access
+    assert snapshot(tmp_path) == before
 
 
 # -- 4. space-file expressions stay cheap -------------------------------------------------------------------

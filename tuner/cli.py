@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .devices import KNOWN_ARCHS, DeviceLimits, gpu_unavailable, limits_for_arch
+from .devices import KNOWN_ARCHS, DeviceLimits, gpu_unavailable, limits_for_arch, missing_driver
 from .errors import FlashtuneError, UsageError
 from .problem import DTYPES, Problem
 from .text import printable
@@ -163,7 +163,7 @@ def _gpu_infos(gpus: list[int]):
     try:
         return gpu_infos(gpus)
     except UsageError as e:
-        if "no usable GPU" in str(e):
+        if "no usable GPU" in str(e) and missing_driver():  # CUDA blames "driver version insufficient"
             raise gpu_unavailable(gpus[0] if len(gpus) == 1 else None, str(e)) from None
         raise
 
