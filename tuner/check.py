@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import multiprocessing as mp
+import os
 import random
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -29,6 +30,7 @@ __all__ = ["CheckReport", "CheckRow", "check_space", "all_configs", "static_cand
 
 EXHAUSTIVE_LIMIT = 200_000  # grid points checked one by one (a few seconds); above, random draws
 DRAWS = 20_000              # distinct random points statically checked in a larger space
+MAX_JOBS = max(64, 4 * (os.cpu_count() or 1))  # more compile processes than this only thrash the machine
 AUTO_SAMPLES = 32           # configs compiled unless --samples says otherwise (about 2 s each on one core)
 
 
@@ -99,8 +101,8 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
         raise UsageError(f"{wrong_arch}: pass --arch {space.family.min_arch}")
     if samples is not None and samples < 0:
         raise UsageError(f"--samples must be 'all' (every feasible config) or a positive number, not {samples}")
-    if jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, not {jobs}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS} (compile processes on this machine), not {jobs}")
     rng = random.Random(seed)
     default = space.defaults(problem.head_dim)
     candidates, exhaustive = static_candidates(space, default, rng)
@@ -128,7 +130,7 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
         print(f"{space.name} on sm_{space.arch_string(device.arch)} for {problem.dtype} d{problem.head_dim} "
               f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
               f"compiling {len(chosen)} ({every}) with {jobs} processes", file=out, flush=True)
-    with cf.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=mp.get_context("spawn")) as pool:
+    with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(chosen))), mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
         for i, future in enumerate(cf.as_completed(futures), 1):
             config = futures[future]

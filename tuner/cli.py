@@ -198,6 +198,12 @@ def _settings(args: argparse.Namespace, n_trials: int | None):
                                ("--top-k", args.top_k, 0)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, not {value}")
+    from .check import MAX_JOBS
+
+    for flag, value, most in (("--compile-workers", args.compile_workers, MAX_JOBS), ("--rounds", args.rounds, 1000),
+                              ("--top-k", args.top_k, 1000)):
+        if value > most:
+            raise UsageError(f"{flag} must be at most {most}, not {value}")
     for flag, value in (("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout)):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
