@@ -82,3 +82,13 @@ def test_a_socket_is_refused(tmp_path):
         s.bind(str(path))
         with pytest.raises(OutputError, match="not a regular file"):
             write_text("x", path)
+
+
+def test_streams_are_told_from_files(tmp_path):
+    from tuner.output import is_stream
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "file.md").write_text("x")
+    assert is_stream("/dev/null") and is_stream(fifo)
+    assert not is_stream(tmp_path / "file.md") and not is_stream(tmp_path / "new.md") and not is_stream("")

@@ -369,17 +369,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_suite(args: argparse.Namespace) -> int:
     """``bench --suite FILE``: each study's winner against the peers, as a Markdown table (and JSON)."""
     from .bench_suite import bench_suite, markdown_table
-    from .output import check_output_path, write_text
+    from .output import check_output_path, is_stream, write_text
     from .suite import load_suite, suite_storage
 
     if args.study or args.config:
         raise UsageError("with --suite every problem's config comes from its study; drop --study/--config")
+    json_out = None
     if args.output:
         out = check_output_path(args.output)  # before the GPU run, not after it
         if out.suffix == ".json":
             raise UsageError(f"-o {printable(out, 160)}: the table is Markdown (the JSON goes beside it); "
                              "give a .md name")
-        check_output_path(out.with_suffix(".json"))
+        if not is_stream(out):  # /dev/stdout or a pipe: the table only
+            json_out = check_output_path(out.with_suffix(".json"))
     suite = load_suite(args.suite)
     storage_url = suite_storage(suite, args.storage)
     worker, info = _start_worker(args.gpu)
@@ -388,8 +390,10 @@ def _bench_suite(args: argparse.Namespace) -> int:
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:
         write_text(table, out)
-        write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), out.with_suffix(".json"))
-        print(f"wrote {printable(out, 200)} and {printable(out.with_suffix('.json'), 200)}", file=sys.stderr)
+        if json_out is not None:
+            write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), json_out)
+        print(f"wrote {printable(out, 200)}" + (f" and {printable(json_out, 200)}" if json_out else ""),
+              file=sys.stderr)
     else:
         print(table, end="")
     return 0 if any(r.tflops for r in rows) else 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import FlashtuneError
 from .text import printable
 
-__all__ = ["OutputError", "check_output_path", "write_text"]
+__all__ = ["OutputError", "check_output_path", "is_stream", "write_text"]
 
 
 class OutputError(FlashtuneError, ValueError):
@@ -34,6 +34,12 @@ def _mode(path: Path) -> int | None:
         return os.stat(path).st_mode
     except FileNotFoundError:
         return None
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` names a device or pipe (``/dev/stdout``, a FIFO) rather than a file."""
+    mode = _mode(Path(path)) if str(path) else None
+    return mode is not None and not stat.S_ISREG(mode)
 
 
 def check_output_path(path: str | Path) -> Path:
