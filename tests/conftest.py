@@ -97,13 +97,13 @@ default = 64
 help = "keys per tile"
 
 [knobs.stages]
-macro = "FT_STAGES"
+macro = "FT_KV_STAGES"
 values = {list(stages)}
 default = {2 if 2 in stages else stages[0]}
 help = "K/V ring depth"
 
 [knobs.flag]
-macro = "FT_FLAG"
+macro = "FT_Q_IN_REGS"
 values = {list(flag)}
 default = 0
 help = "a boolean knob"

@@ -21,6 +21,7 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not inst
 
 
 @nvcc
+@pytest.mark.slow
 def test_check_sm80_with_two_samples():
     require_family("sm80")
     space = load_space("sm80")
@@ -43,6 +44,7 @@ def test_check_sm80_with_two_samples():
 
 
 @nvcc
+@pytest.mark.slow
 def test_check_of_a_space_too_large_to_enumerate_draws_random_points():
     """sm90 has ~22 million grid points: the static check draws, the default and a sample compile."""
     require_family("sm90")

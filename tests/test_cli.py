@@ -206,16 +206,25 @@ def test_version(tmp_path):
 
 
 def test_best_and_studies_of_a_stored_study(tmp_path, fake_db):
-    proc = flashtune("best", "--study", "kept", "--storage", fake_db, cwd=tmp_path)
+    from tests.fake_studies import make_study
+
+    url = f"sqlite:///{tmp_path}/real.db"
+    make_study(url, "kept", winner=False)
+    knobs = {k.name for k in load_space("sm80" if "sm80" in available_families() else available_families()[0]).knobs}
+    proc = flashtune("best", "--study", "kept", "--storage", url, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("best of kept (best trial): ")
-    assert "block_m = " in proc.stdout and "TFLOPS" in proc.stdout
+    assert "TFLOPS" in proc.stdout and all(f"  {k} = " in proc.stdout for k in knobs)
 
-    proc = flashtune("best", "--study", "kept", "--storage", fake_db, "--json", cwd=tmp_path)
+    proc = flashtune("best", "--study", "kept", "--storage", url, "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     best = json.loads(proc.stdout)
     assert best["study"] == "kept" and best["source"] == "best trial"
-    assert set(best["config"]) == {"block_m", "block_n", "stages", "flag"}
+    assert set(best["config"]) == knobs
+
+    # best serves what export serves: a study of a family whose space file is not there is refused
+    proc = flashtune("best", "--study", "kept", "--storage", fake_db, cwd=tmp_path)
+    assert_one_error_line(proc, "best", "family 'toy', which cannot be loaded")
 
     proc = flashtune("studies", "--storage", fake_db, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -235,7 +244,7 @@ def test_check_of_sm90_builds_for_sm_90a_unless_told_an_older_arch(tmp_path):
     require_family("sm90")
     proc = flashtune("check", "--family", "sm90", "--head-dim", "64", "--samples", "1", "--jobs", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("sm90 on sm_90 ") and "check passed" in proc.stdout
+    assert proc.stdout.startswith("sm90 on sm_90a ") and "check passed" in proc.stdout
     proc = flashtune("check", "--family", "sm90", "--arch", "80", "--samples", "1", cwd=tmp_path)
     assert_one_error_line(proc, "check", "sm90 is built for sm_90a only", "the device is sm_80: pass --arch 90")
 

@@ -40,6 +40,7 @@ def _default_builds():
             yield pytest.param(path, arch, id=f"{path.stem}-sm{arch}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("space_path", "arch"), list(_default_builds()))
 def test_default_config_compiles_without_spills(space_path, arch):
     space = load_space(space_path)

@@ -131,3 +131,23 @@ def test_evaluation_errors_are_expr_errors(text, env, match):
 def test_expr_is_reusable_with_different_environments():
     e = compile_expr("ceil_div(seqlen_q, block_m)")
     assert [e({"seqlen_q": n, "block_m": 128}) for n in (1, 128, 129, 4096)] == [1, 1, 2, 32]
+
+
+# -- bounds (issue 11, item 4): no expression can hang a check or a tuner ------------------------------------
+@pytest.mark.parametrize("text", ["a ** a ** a", "2 ** a", "a ** 65", "a ** -1", "a ** (1 + 1)", "9" * 2001,
+                                  "-" * 60 + "a", "99999999999999999999 + a"])
+def test_unbounded_expressions_are_refused_when_compiled(text):
+    with pytest.raises(ExprError):
+        compile_expr(text)
+
+
+@pytest.mark.parametrize(("text", "env"), [("a * a * a", {"a": 2**40}), ("a ** 64", {"a": 3}),
+                                           ("ceil_div(a * a, 1) * a", {"a": 2**32})])
+def test_values_beyond_64_bits_are_an_error_not_a_slow_big_number(text, env):
+    with pytest.raises(ExprError, match="64-bit"):
+        compile_expr(text)(env)
+
+
+def test_bounded_powers_still_work():
+    assert compile_expr("2 ** 62 + (2 ** 62 - 1)")({}) == 2**63 - 1
+    assert compile_expr("a ** 2")({"a": 3}) == 9

@@ -40,3 +40,25 @@ def test_an_enqueued_config_whose_worker_died_while_drawing_it_is_enqueued_again
     requeue_stale(study, frozen)
     [again] = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.WAITING]
     assert again.system_attrs["fixed_params"] == space.defaults(64) and again.user_attrs["is_default"]
+
+
+def test_an_owner_record_tells_a_live_process_from_a_dead_one():
+    import subprocess
+    import sys
+
+    from tuner.heartbeat import owner_alive, this_process
+
+    me = this_process()
+    assert owner_alive(me) is True
+    assert owner_alive({**me, "started": "-1"}) is False  # the pid now belongs to another process
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert owner_alive({**me, "pid": int(done.stdout), "started": "1"}) is False
+    assert owner_alive({**me, "host": "elsewhere"}) is None  # another host: go by its beats
+    assert owner_alive(None) is None and owner_alive({"pid": "1"}) is None
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "1e400", "100000000"])
+def test_absurd_periods_keep_the_default(monkeypatch, text):
+    monkeypatch.setenv("FLASHTUNE_GRACE_PERIOD_S", text)
+    with pytest.warns(UserWarning, match="not a positive number of seconds"):
+        assert _seconds_from_env("FLASHTUNE_GRACE_PERIOD_S", 60) == 60

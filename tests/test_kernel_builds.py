@@ -14,7 +14,7 @@ from tuner.devices import limits_for_arch
 from tuner.problem import Problem
 from tuner.space import config_key, load_space
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed"), pytest.mark.slow]
 
 # sm90: each scheduling/pipeline knob away from its default, and their combinations that share code paths
 SM90_REPRESENTATIVE = {

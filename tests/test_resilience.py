@@ -98,6 +98,7 @@ def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp
     assert all(len(t.params) < 8 for t in orphans)  # only trials cut short while asking are failed without a retry
 
 
+@pytest.mark.postgres
 def test_database_briefly_unreachable_the_worker_retries_and_finishes(postgres, tmp_path):
     log, gate = tmp_path / "measured.log", tmp_path / "gate"
     proc = _start(postgres.url, "outage", 30, log, sleep_s=0.1, env={"FLASHTUNE_STANDIN_GATE": str(gate)})
@@ -117,6 +118,7 @@ def test_database_briefly_unreachable_the_worker_retries_and_finishes(postgres, 
     assert "secret-pw" not in out + err
 
 
+@pytest.mark.postgres
 def test_database_gone_for_good_the_worker_gives_up_cleanly(postgres, tmp_path):
     log = tmp_path / "measured.log"
     proc = _start(postgres.url, "gone", 500, log, sleep_s=0.1)
@@ -132,6 +134,8 @@ def test_database_gone_for_good_the_worker_gives_up_cleanly(postgres, tmp_path):
     assert "secret-pw" not in out + err
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_concurrent_workers_on_postgres_measure_each_trial_once_and_lose_none(postgres, tmp_path):
     log, workers, target = tmp_path / "measured.log", 6, 60
     procs = [_start(postgres.url, "concurrent", target, log, sleep_s=0.05) for _ in range(workers)]
@@ -150,6 +154,7 @@ def test_concurrent_workers_on_postgres_measure_each_trial_once_and_lose_none(po
     print(f"{workers} workers, {len(trials)} trials, {len(evaluated)} evaluated, 0 measured twice, 0 lost")
 
 
+@pytest.mark.postgres
 def test_a_killed_worker_s_running_trial_is_recovered_by_a_live_one(postgres, tmp_path):
     log = tmp_path / "measured.log"
     victim = _start(postgres.url, "victim", 30, log, sleep_s=2.0)  # slow: it will hold a RUNNING trial

@@ -276,7 +276,7 @@ MALFORMED = {
                            ["[knobs.block_m]", "integer"]),
     "duplicate_macro": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_BLOCK_M"'),
                         ["[knobs.block_n]", "FT_BLOCK_M"]),
-    "macro_clashes_with_problem_macro": (lambda t: _replace(t, 'macro = "FT_STAGES"', 'macro = "FT_HEAD_DIM"'),
+    "macro_clashes_with_problem_macro": (lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_HEAD_DIM"'),
                                          ["[knobs.stages]", "FT_HEAD_DIM"]),
     "macro_not_ft": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "BLOCK_N"'),
                      ["[knobs.block_n]", "BLOCK_N"]),
@@ -403,7 +403,7 @@ def test_a_head_dim_can_have_its_own_default(tmp_path):
 
 
 def test_knob_lookup(toy_space):
-    assert toy_space.knob("stages").macro == "FT_STAGES"
+    assert toy_space.knob("stages").macro == "FT_KV_STAGES"
     with pytest.raises(ConfigError, match="unknown knob 'x'"):
         toy_space.knob("x")
 
@@ -441,7 +441,7 @@ def test_environment_and_macros(toy_space, problem, sm80):
     assert env["smem_per_block_optin"] == sm80.smem_per_block_optin and env["seqlen_q"] == problem.seqlen_q
     assert toy_space.macros(config, problem, sm80) == {
         "FT_HEAD_DIM": 128, "FT_IS_BF16": 0, "FT_IS_CAUSAL": 0,
-        "FT_BLOCK_M": 128, "FT_BLOCK_N": 32, "FT_STAGES": 1, "FT_FLAG": 1, "FT_SMEM_BYTES": 49152,
+        "FT_BLOCK_M": 128, "FT_BLOCK_N": 32, "FT_KV_STAGES": 1, "FT_Q_IN_REGS": 1, "FT_SMEM_BYTES": 49152,
     }
 
 

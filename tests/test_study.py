@@ -253,3 +253,85 @@ def test_finished_by_config_skips_duplicates_and_unfinished(tuned):
     assert {t.number for t in by_config.values()} == {t.number for t in finished}
     for key, t in by_config.items():
         assert t.user_attrs[st.CONFIG_KEY] == key
+
+
+# -- one typed reading of a study (issue 11, item 9) ----------------------------------------------------------
+def test_trial_statuses_keep_the_strings_stored_before():
+    stored = {"ok", "infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error", "timeout",
+              "crashed", "interrupted", "orphaned"}
+    assert {s.value for s in st.TrialStatus} == stored
+    assert st.TrialStatus("wrong_result") == "wrong_result" and f"{st.TrialStatus.OK}" == "ok"
+    assert st.INFEASIBLE_STATUSES == ("infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error",
+                                      "timeout", "crashed")
+    from tuner.jobs import Status  # every measurement outcome is a trial status
+    assert set(Status.__args__) <= stored
+
+
+def test_is_evaluated_counts_what_the_budget_counts():
+    from optuna.distributions import CategoricalDistribution
+
+    d = {"x": CategoricalDistribution([1, 2])}
+
+    def trial(state, **attrs):
+        value = 1.0 if state == TrialState.COMPLETE else None
+        return optuna.trial.create_trial(state=state, value=value, params={"x": 1}, distributions=d, user_attrs=attrs)
+    assert st.is_evaluated(trial(TrialState.COMPLETE, status="ok"))
+    assert st.is_evaluated(trial(TrialState.PRUNED, status="wrong_result"))
+    assert st.is_evaluated(trial(TrialState.PRUNED, status="a_status_of_a_newer_flashtune"))
+    assert not st.is_evaluated(trial(TrialState.PRUNED, status="infeasible"))
+    assert not st.is_evaluated(trial(TrialState.COMPLETE, status="ok", duplicate_of=0))
+    assert not st.is_evaluated(trial(TrialState.COMPLETE))
+    assert not st.is_evaluated(trial(TrialState.FAIL, status="interrupted"))
+
+
+def test_study_meta_reads_a_study_once_and_refuses_malformed_attributes(storage, toy_space, problem):
+    study = _open(storage, toy_space, problem)
+    meta = st.StudyMeta.read(study)
+    assert (meta.family, meta.problem, meta.gpu_name, meta.version) == ("toy", problem, "Fake GPU", __version__)
+    for key, value, exc, match in [
+        ("flashtune", None, st.NotFlashtuneError, "not created by flashtune"),
+        ("flashtune", {"schema": True}, st.StudyError, "malformed flashtune schema"),
+        ("family", "sm80\n", st.StudyError, "no valid kernel family"),
+        ("problem", [1, 2], st.StudyError, "malformed problem"),
+        ("problem", {**problem.to_dict(), "batch": 2**40}, st.StudyError, "malformed problem"),
+    ]:
+        attrs = {**study.user_attrs, key: value}
+        with pytest.raises(exc, match=match):
+            st.StudyMeta.from_attrs("s", attrs)
+
+
+def test_a_racing_tuner_waits_for_the_creator_to_finish_the_study(storage, toy_space, problem, monkeypatch):
+    """A second tuner that finds the study with only part of its attributes (the creator is still writing
+    them) waits for the rest instead of calling it another program's study."""
+    import threading
+
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    study.set_user_attr("family", "toy")
+
+    def finish():
+        import time
+
+        time.sleep(1.0)
+        study.set_user_attr("problem", problem.to_dict())
+        study.set_user_attr("gpu", GPU)
+        study.set_user_attr("space_digest", st.space_digest(toy_space))
+        study.set_user_attr("flashtune", {"version": __version__, "schema": st.SCHEMA_VERSION})
+    creator = threading.Thread(target=finish)
+    creator.start()
+    resumed = _open(storage, toy_space, problem)
+    creator.join()
+    assert resumed.study_name == "s" and st.StudyMeta.read(resumed).family == "toy"
+
+
+def test_describe_survives_a_study_with_malformed_attributes(tuned):
+    storage = tuned._storage
+    broken = optuna.create_study(study_name="broken", storage=storage, direction="maximize")
+    for key, value in tuned.user_attrs.items():
+        broken.set_user_attr(key, value)
+    broken.set_user_attr("winner", "garbage")
+    broken.set_user_attr("problem", "garbage")
+    try:
+        rows = {r.name: r for r in st.describe(storage)}
+        assert rows["s"].family == "toy" and rows["broken"].problem == "?" and rows["broken"].winner_tflops is None
+    finally:
+        optuna.delete_study(study_name="broken", storage=storage)

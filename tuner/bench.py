@@ -18,8 +18,8 @@ __all__ = ["run_bench", "study_for_bench"]
 
 def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Problem, dict[str, int]]:
     """A study's family, problem and winner, checked as ``flashtune export`` checks them."""
-    from .export import choose, load_flashtune_study
     from .storage import open_storage
+    from .study import choose, load_flashtune_study
 
     chosen = choose(load_flashtune_study(open_storage(storage_url, create=False), study_name, storage_url))
     return chosen.family, chosen.problem, chosen.config

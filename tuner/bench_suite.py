@@ -24,9 +24,9 @@ from .devices import DeviceLimits
 from .compile import CompileOutcome, compile_outcome
 from .jobs import MeasureSettings, measure_job_for
 from .problem import Problem
-from .space import ConfigError, Space, load_space
+from .space import Space, load_space
 from .storage import mask_url, open_storage
-from .study import winner
+from .study import ChosenConfig, StudyError, StudyMeta, choose
 from .suite import Suite, suite_studies
 from .worker import Worker
 
@@ -54,16 +54,23 @@ class BenchRow:
                 "note": self.note, "peers": self.peers, "ablations": self.ablations}
 
 
-def _study_for(storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu: str) -> str | None:
-    """Of the studies tuning one problem, the one measured on this GPU model with the fastest winner."""
-    best, best_tflops = None, -1.0
+def _study_for(storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu: str
+               ) -> tuple[str | None, ChosenConfig | None, str]:
+    """Of the studies tuning one problem, the one measured on this GPU model with the fastest valid winner:
+    (its name, its winner checked as ``export`` checks it, why there is none)."""
+    best: tuple[str | None, ChosenConfig | None, str] = (None, None, "")
     for name in names:
         study = optuna.load_study(study_name=name, storage=storage)
-        if (study.user_attrs.get("gpu") or {}).get("name") != gpu:
+        try:
+            if StudyMeta.read(study).gpu_name != gpu:
+                continue
+            chosen = choose(study)
+        except StudyError as e:
+            if best[1] is None:
+                best = (name, None, f"the study's winner cannot be used ({e})")
             continue
-        won = winner(study)
-        if won and (won.get("tflops") or 0.0) > best_tflops:
-            best, best_tflops = name, won.get("tflops") or 0.0
+        if best[1] is None or (chosen.tflops or 0.0) > (best[1].tflops or 0.0):
+            best = (name, chosen, "")
     return best
 
 
@@ -95,15 +102,13 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
     for i, entry in enumerate(entries, 1):
         row = BenchRow(problem=entry.problem)
         rows.append(row)
-        row.study = _study_for(storage, entry.studies, str(info["name"]))
+        row.study, chosen, why = _study_for(storage, entry.studies, str(info["name"]))
         if row.study is None:
             row.note = f"no study of this problem measured on {info['name']}: run `flashtune tune --suite`"
+        elif chosen is None:
+            row.note = why
         else:
-            won = winner(optuna.load_study(study_name=row.study, storage=storage)) or {}
-            try:
-                row.config = space.validate(won.get("config") or {})
-            except ConfigError as e:
-                row.note = f"the study's winner no longer fits the space ({e}); tune a new study"
+            row.config = dict(chosen.config)
         if row.config:
             row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite",
                                          compiler)

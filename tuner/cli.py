@@ -4,24 +4,102 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .devices import KNOWN_ARCHS, DeviceLimits, limits_for_arch
+from .devices import KNOWN_ARCHS, DeviceLimits, gpu_unavailable, limits_for_arch, missing_driver
 from .errors import FlashtuneError, UsageError
-from .problem import Problem
+from .problem import DTYPES, Problem
+from .text import printable
 from .tune import default_compile_workers
 
 __all__ = ["main"]
 
+MAX_STUDY_NAME = 512  # Optuna's limit on a study name (a longer one is no study anywhere)
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (``flashtune tune: error: ...; see --help``), not usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {printable(message, 500)}; see `{self.prog} --help`\n")
+
+
+# -- option types: each refuses a bad value with one line naming the option ----------------------
+def _study_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a study name must not be empty (leave --study out for the default name)")
+    if len(text) > MAX_STUDY_NAME:
+        raise argparse.ArgumentTypeError(f"a study name has at most {MAX_STUDY_NAME} characters, this one "
+                                         f"{len(text)}")
+    return text
+
+
+def _storage_url(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the storage URL is empty (leave --storage out for the default)")
+    return text
+
+
+def _output(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the output file name is empty; give a file name (or leave -o out)")
+    return text
+
+
+def _samples(text: str) -> int:
+    """``all`` (0: every feasible config) or a positive number of configs."""
+    if text.strip().lower() == "all":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a number of configs, not {printable(text, 40)!r}"
+                                         ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of configs, not {value}")
+    return value
+
+
+def _gpu_index(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), not {printable(text, 40)!r}"
+                                         ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), not {value}")
+    return value
+
+
+def _check_seed(seed: int | None) -> None:
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed must be from 0 to {MAX_SEED}, not {seed}")
+
+
+def _check_printable_name(name: str) -> None:
+    """A study name this command would create: printable (it reaches terminals, file names and headers)."""
+    if not name.isprintable():
+        raise UsageError(f"study name {printable(name, 120)!r} holds control characters; choose a printable name")
+
 
 # -- shared options ----------------------------------------------------------------------------
+def _family_help() -> str:
+    from .space import available_families
+
+    families = ", ".join(available_families()) or "none installed"
+    return f"kernel family: {families} (search_spaces/<family>.toml, or a space file's path; default %(default)s)"
+
+
 def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True) -> None:
     g = p.add_argument_group("problem")
     actions = [
-        g.add_argument("--family", default="sm80", help="kernel family (a file in search_spaces/): %(default)s"),
-        g.add_argument("--dtype", default="fp16", help="fp16 or bf16 (default %(default)s)"),
+        g.add_argument("--family", default="sm80", help=_family_help()),
+        g.add_argument("--dtype", default="fp16", help=f"{' or '.join(DTYPES)} (default %(default)s)"),
         g.add_argument("--head-dim", type=int, default=128, help="head dimension (default %(default)s)"),
         g.add_argument("--causal", action="store_true", help="causal masking (bottom-right aligned)"),
     ]
@@ -45,7 +123,8 @@ def _problem(args: argparse.Namespace) -> Problem:
 def _add_storage(p: argparse.ArgumentParser) -> None:
     from .storage import DEFAULT_STORAGE
 
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help="SQLAlchemy URL of the study database (default %(default)s)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, type=_storage_url,
+                   help="SQLAlchemy URL of the study database (default %(default)s)")
 
 
 def _parse_config(text: str | None) -> dict[str, int]:
@@ -73,9 +152,20 @@ def _start_worker(device: int):
         info = worker.call("device_info", timeout_s=120)
     except WorkerError as e:
         worker.close()
-        raise UsageError(f"no usable GPU {device}: {str(e).splitlines()[-1]}. "
-                         "(`flashtune check` compiles and checks a space without a GPU)") from None
+        raise gpu_unavailable(device, str(e)) from None
     return worker, info
+
+
+def _gpu_infos(gpus: list[int]):
+    """What each GPU reports (:func:`tuner.run.gpu_infos`), with the one no-GPU message when there is no driver."""
+    from .run import gpu_infos
+
+    try:
+        return gpu_infos(gpus)
+    except UsageError as e:
+        if "no usable GPU" in str(e) and missing_driver():  # CUDA blames "driver version insufficient"
+            raise gpu_unavailable(gpus[0] if len(gpus) == 1 else None, str(e)) from None
+        raise
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -88,13 +178,13 @@ def _gpus(text: str) -> list[int]:
             try:
                 return list(range(worker.call("device_count", timeout_s=120)))
             except WorkerError as e:
-                raise UsageError(f"no usable GPU: {str(e).splitlines()[-1]}") from None
+                raise gpu_unavailable(None, str(e)) from None
     try:
         gpus = [int(g) for g in text.split(",")]
     except ValueError:
-        raise UsageError(f"--gpus takes device indices like 0,1,3 or 'all', not {text!r}") from None
+        raise UsageError(f"--gpus takes device indices like 0,1,3 or 'all', not {printable(text, 60)!r}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise UsageError(f"--gpus must list distinct device indices, got {text!r}")
+        raise UsageError(f"--gpus must list distinct device indices, got {printable(text, 60)!r}")
     return gpus
 
 
@@ -108,55 +198,67 @@ def _settings(args: argparse.Namespace, n_trials: int | None):
                                ("--top-k", args.top_k, 0)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, not {value}")
+    from .check import MAX_JOBS
+
+    for flag, value, most in (("--compile-workers", args.compile_workers, MAX_JOBS), ("--rounds", args.rounds, 1000),
+                              ("--top-k", args.top_k, 1000)):
+        if value > most:
+            raise UsageError(f"{flag} must be at most {most}, not {value}")
     for flag, value in (("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout)):
-        if value is not None and value <= 0:
+        if value is not None and (not math.isfinite(value) or value <= 0):
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
+    _check_seed(args.seed)
     return TuneSettings(n_trials=n_trials, timeout_s=args.timeout, compile_workers=args.compile_workers,
                         trial_timeout_s=args.trial_timeout, measure=MeasureSettings(seed=args.seed or 0))
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .run import RunSpec, gpu_infos, prepare_study, run_on_gpus
+    from .run import RunSpec, prepare_study, run_on_gpus
     from .storage import mask_url
 
     if getattr(args, "suite", None):
         return _tune_suite(args)
+    if args.study is not None:
+        _check_printable_name(args.study)
     problem = _problem(args)
     spec = RunSpec(family=args.family, problem=problem, storage_url=args.storage, study_name=args.study or "",
                    sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
     _validate_early(spec)
     gpus = _gpus(args.gpus)
-    infos = gpu_infos(gpus)
+    infos = _gpu_infos(gpus)  # before anything is created in the storage
     spec = prepare_study(spec, infos[0])
-    print(f"study {spec.study_name} in {mask_url(spec.storage_url)} on {len(gpus)} x {infos[0]['name']} "
-          f"(sm_{infos[0]['arch']}, driver {infos[0].get('driver_version', infos[0]['driver'])})", file=sys.stderr)
+    info = infos[0]
+    print(f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
+          f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
+          f"{printable(info.get('driver_version', info.get('driver', '?')), 40)})", file=sys.stderr)
     run_on_gpus(spec, gpus, infos)
     return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .run import gpu_infos, run_on_gpus, spec_from_study
+    from .run import run_on_gpus, spec_from_study
 
     spec = spec_from_study(args.storage, args.study, n_trials=args.trials, settings=_settings(args, args.trials))
     gpus = _gpus(args.gpus)
-    run_on_gpus(spec, gpus, gpu_infos(gpus))
+    run_on_gpus(spec, gpus, _gpu_infos(gpus))
     if args.top_k > 0:
         return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
     return 0
 
 
 def _validate_early(spec) -> None:
-    """Check what needs no GPU before starting one, so bad input fails fast and touches nothing."""
+    """Check what needs no GPU before starting one, so bad input fails fast and touches nothing (the study
+    database is created once a GPU is found)."""
     from .search import make_sampler
     from .space import load_space
-    from .storage import open_storage
+    from .storage import check_storage
 
     space = load_space(spec.family)
     unsupported = space.supports(spec.problem)
     if unsupported:
         raise UsageError(unsupported)
     make_sampler(spec.sampler, space, spec.seed)
-    open_storage(spec.storage_url)
+    check_storage(spec.storage_url)
 
 
 def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
@@ -166,34 +268,29 @@ def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
 
 
 def _print_best(study, *, as_json: bool) -> int:
-    from . import study as st
+    """The study's winner as ``export`` would serve it (:func:`tuner.study.choose`: made by flashtune, valid
+    for today's space, a successful trial), or a :class:`~tuner.study.StudyError`."""
+    from .study import choose
 
-    best = st.winner(study)
-    if best is None:
-        print(f"study {study.study_name} has no successful trial yet", file=sys.stderr)
-        return 1
+    chosen = choose(study)
     if as_json:
-        print(json.dumps({"study": study.study_name, **best}, indent=2))
+        print(json.dumps(chosen.to_dict(), indent=2, allow_nan=False))
         return 0
-    speedup = best.get("speedup_over_default")
-    print(f"best of {study.study_name} ({best['source']}): {best['tflops']:.1f} TFLOPS"
-          + (f", {speedup:.2f}x the default config" if speedup else "") + f", trial {best['trial']}")
-    for name, value in best["config"].items():
+    tflops = f"{chosen.tflops:.1f}" if chosen.tflops is not None else "?"
+    speedup = chosen.speedup_over_default
+    trial = f", trial {chosen.trial}" if chosen.trial is not None else ""
+    print(f"best of {printable(chosen.study_name, 200)} ({printable(chosen.source, 80)}): {tflops} TFLOPS"
+          + (f", {speedup:.2f}x the default config" if speedup else "") + trial)
+    for name, value in chosen.config.items():
         print(f"  {name} = {value}")
     return 0
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    import optuna
+    from .storage import open_storage
+    from .study import load_flashtune_study
 
-    from .storage import mask_url, open_storage
-
-    storage = open_storage(args.storage, create=False)
-    try:
-        study = optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        raise UsageError(f"no study named {args.study!r} in {mask_url(args.storage)}; `flashtune studies` lists them"
-                         ) from None
+    study = load_flashtune_study(open_storage(args.storage, create=False), args.study, args.storage)
     return _print_best(study, as_json=args.json)
 
 
@@ -208,7 +305,7 @@ def cmd_studies(args: argparse.Namespace) -> int:
     for r in rows:
         best = f"{r.best_tflops:.1f}" if r.best_tflops is not None else "-"
         won = f"{r.winner_tflops:.1f}" if r.winner_tflops is not None else "-"
-        print(f"{r.name:<64} {r.trials:>6} {r.complete:>4} {best:>11} {won:>8}  {r.gpu}")
+        print(f"{printable(r.name, None):<64} {r.trials:>6} {r.complete:>4} {best:>11} {won:>8}  {printable(r.gpu, 80)}")
     return 0
 
 
@@ -216,6 +313,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_space
     from .space import load_space
 
+    _check_seed(args.seed)
     arch = args.arch if args.arch is not None else load_space(args.family).family.min_arch
     device = limits_for_arch(arch)
     problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
@@ -244,7 +342,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if explicit:
             raise UsageError(f"--study times the study's own problem and family; drop {' '.join(explicit)}")
         family, problem, config = study_for_bench(args.study, args.storage)
-        print(f"study {args.study}: its winner on its own problem", file=sys.stderr)
+        print(f"study {printable(args.study, 200)}: its winner on its own problem", file=sys.stderr)
     else:
         family, problem = args.family, _problem(args)
         config = load_space(family).validate(_parse_config(args.config), partial=True, head_dim=problem.head_dim)
@@ -257,15 +355,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_suite(args: argparse.Namespace) -> int:
     """``bench --suite FILE``: each study's winner against the peers, as a Markdown table (and JSON)."""
     from .bench_suite import bench_suite, markdown_table
-    from .export import check_output_path, write_text
+    from .output import check_output_path, is_stream, write_text
     from .suite import load_suite, suite_storage
 
     if args.study or args.config:
         raise UsageError("with --suite every problem's config comes from its study; drop --study/--config")
+    json_out = None
     if args.output:
         out = check_output_path(args.output)  # before the GPU run, not after it
         if out.suffix == ".json":
-            raise UsageError(f"-o {out}: the table is Markdown (the JSON goes beside it); give a .md name")
+            raise UsageError(f"-o {printable(out, 160)}: the table is Markdown (the JSON goes beside it); "
+                             "give a .md name")
+        if not is_stream(out):  # /dev/stdout or a pipe: the table only
+            json_out = check_output_path(out.with_suffix(".json"))
     suite = load_suite(args.suite)
     storage_url = suite_storage(suite, args.storage)
     worker, info = _start_worker(args.gpu)
@@ -274,8 +376,10 @@ def _bench_suite(args: argparse.Namespace) -> int:
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:
         write_text(table, out)
-        write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), out.with_suffix(".json"))
-        print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
+        if json_out is not None:
+            write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), json_out)
+        print(f"wrote {printable(out, 200)}" + (f" and {printable(json_out, 200)}" if json_out else ""),
+              file=sys.stderr)
     else:
         print(table, end="")
     return 0 if any(r.tflops for r in rows) else 1
@@ -284,18 +388,19 @@ def _bench_suite(args: argparse.Namespace) -> int:
 def _tune_suite(args: argparse.Namespace) -> int:
     """``tune --suite FILE``: every problem of the suite through the same path as one ``tune``; finished
     studies (trial target reached, winner re-timed) are skipped, so rerunning the command resumes."""
-    from .run import RunSpec, gpu_infos, tune_suite
+    from .run import RunSpec, tune_suite
     from .suite import load_suite, suite_storage
 
     if args.study:
         raise UsageError("--study names one study; with --suite every problem gets its default study name")
+    _settings(args, args.trials)  # bad options fail before anything else
     suite = load_suite(args.suite)
     base = RunSpec(family=suite.family, problem=suite.problems[0], storage_url=suite_storage(suite, args.storage),
                    sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
     _validate_early(base)
     gpus = _gpus(args.gpus)
     codes: list[int] = []
-    tune_suite(suite, base, gpus, gpu_infos(gpus), top_k=args.top_k, rounds=args.rounds,
+    tune_suite(suite, base, gpus, _gpu_infos(gpus), top_k=args.top_k, rounds=args.rounds,
                on_done=lambda study: codes.append(_print_best(study, as_json=False)))
     return max(codes, default=0)
 
@@ -332,7 +437,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .dispatch import export_dispatch
-    from .export import check_output_path, export_study, write_text
+    from .export import export_study
+    from .output import check_output_path, write_text
 
     if args.output:
         check_output_path(args.output)
@@ -345,21 +451,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         text = export_study(args.storage, args.study)
     if args.output:
-        print(f"wrote {write_text(text, args.output)}", file=sys.stderr)
+        print(f"wrote {printable(write_text(text, args.output), 200)}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .export import check_output_path, write_text
+    from .output import check_output_path, write_text
     from .report import build_report
 
     if args.output:
         check_output_path(args.output)
     text, stem = build_report(args.storage, study=args.study, suite_path=args.suite)
     path = write_text(text, args.output or f"{stem}.html")
-    print(f"wrote {path} ({len(text) // 1024} KiB): open it in a browser, no server needed", file=sys.stderr)
+    print(f"wrote {printable(path, 200)} ({len(text) // 1024} KiB): open it in a browser, no server needed",
+          file=sys.stderr)
     return 0
 
 
@@ -368,7 +475,8 @@ def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
     p.add_argument("--gpus", default="0", help="CUDA devices: 0, 0,1,3 or all; one measuring process each (default 0)")
     p.add_argument("--compile-workers", type=int, default=default_compile_workers(),
                    help="CPU processes compiling ahead, shared by the GPUs (default %(default)s)")
-    p.add_argument("--trial-timeout", type=float, default=120.0, help="seconds before a trial counts as hung")
+    p.add_argument("--trial-timeout", type=float, default=120.0,
+                   help="seconds before a trial counts as hung (default %(default)s)")
     p.add_argument("--top-k", type=int, default=top_k,
                    help="at the end, re-time the configs within the noise of the best, at most this many, with the "
                         "default (0: none; default %(default)s)")
@@ -378,14 +486,14 @@ def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .search import SAMPLERS
 
-    parser = argparse.ArgumentParser(prog="flashtune", description="Autotune FlashAttention forward kernels.")
+    parser = _Parser(prog="flashtune", description="Autotune FlashAttention forward kernels.")
     parser.add_argument("--version", action="version", version=f"flashtune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tune", help="run (or resume) a tuning study on a GPU")
     _add_problem(p)
     _add_storage(p)
-    p.add_argument("--study", help="study name (default: derived from family, GPU and problem)")
+    p.add_argument("--study", type=_study_name, help="study name (default: derived from family, GPU and problem)")
     p.add_argument("--trials", type=int, default=50, help="evaluated trials the study should hold (default %(default)s)")
     p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
     p.add_argument("--sampler", default="tpe", choices=sorted(SAMPLERS), help="search algorithm (default %(default)s)")
@@ -395,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("worker", help="join an existing study from this host (several hosts: a shared PostgreSQL URL)")
-    p.add_argument("--study", required=True, help="the study to join")
+    p.add_argument("--study", required=True, type=_study_name, help="the study to join")
     _add_storage(p)
     p.add_argument("--trials", type=int, default=None, help="override the study's trial target")
     p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
@@ -404,9 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("best", help="print the best config of a study")
-    p.add_argument("--study", required=True)
+    p.add_argument("--study", required=True, type=_study_name, help="the study")
     _add_storage(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output (JSON, no NaN or infinity)")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("studies", help="list the studies in a storage with their best TFLOPS")
@@ -417,23 +525,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_problem(p, shape=False)
     p.add_argument("--arch", type=int, default=None, choices=KNOWN_ARCHS,
                    help="compute capability x10 (default: the family's oldest, 80 for sm80, 90 for sm90)")
-    p.add_argument("--samples", type=int, default=None,
-                   help="compile N feasible configs, the default among them (0: every feasible config; default: "
-                        "every one of a space small enough to enumerate, else 32)")
-    p.add_argument("--jobs", type=int, default=default_compile_workers(), help="parallel compiles")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=_samples, default=None,
+                   help="compile N feasible configs, the default among them (default 32: about a minute on two "
+                        "cores); 'all': every feasible config of a space small enough to enumerate (sm80: 552 "
+                        "at d128, about 17 minutes on two cores)")
+    p.add_argument("--jobs", type=int, default=default_compile_workers(),
+                   help="parallel compiles (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draws (default %(default)s)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("bench", help="time one config against PyTorch SDPA backends in one run")
     _add_problem(p)
     _add_storage(p)
     p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults)")
-    p.add_argument("--study", help="take the config from this study's winner instead")
+    p.add_argument("--study", type=_study_name, help="take the config from this study's winner instead")
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
     p.add_argument("--ablate", action="store_true",
                    help="with --suite: also time each winner with each tuned knob put back to its default")
-    p.add_argument("-o", "--output", help="with --suite: Markdown file to write (and a .json beside it)")
-    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("-o", "--output", type=_output, help="with --suite: Markdown file to write (and a .json beside it)")
+    p.add_argument("--gpu", type=_gpu_index, default=0, help="CUDA device index (default %(default)s)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("replay", help="replay tuning runs against a stored exhaustive study (no GPU): "
@@ -453,30 +563,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
-    p.add_argument("--study", help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
+    p.add_argument("--study", type=_study_name, help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
     p.add_argument("--dispatch", action="store_true", help="one C++17 header that selects a config per shape")
     p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
     _add_storage(p)
-    p.add_argument("-o", "--output", help="header file to write (default: standard output)")
+    p.add_argument("-o", "--output", type=_output, help="header file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a study (and of a suite)")
-    p.add_argument("--study", help="the study to report on")
+    p.add_argument("--study", type=_study_name, help="the study to report on")
     p.add_argument("--suite", help="add a page comparing the winning configs across the shapes of this suite")
     _add_storage(p)
-    p.add_argument("-o", "--output", help="HTML file to write (default: <study or suite>.html)")
+    p.add_argument("-o", "--output", type=_output, help="HTML file to write (default: <study or suite>.html)")
     p.set_defaults(func=cmd_report)
     return parser
 
 
+def _error(command: str, message: str) -> None:
+    """The one line a failed command prints: passwords of every storage URL seen redacted, control
+    characters escaped, nothing that could look like a second line."""
+    from .storage import redact
+
+    try:
+        print(f"flashtune {command}: error: {printable(redact(message), 2000)}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _stdout_gone() -> None:
+    """stdout's reader left (``flashtune best --json | head -1``): stop writing to it, quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .storage import error_reason
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = args.command
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at exit
+        return rc
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141  # 128 + SIGPIPE, as a shell reports a process killed by it
     except FlashtuneError as e:
-        print(f"flashtune {args.command}: error: {e}", file=sys.stderr)
+        _error(command, str(e))
+        return 2
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        _error(command, f"the storage failed: {error_reason(e)}; check that --storage points at a healthy "
+                        "study database (finished trials stay stored) and rerun")
         return 2
     except KeyboardInterrupt:
-        print(f"flashtune {args.command}: interrupted; finished trials are stored", file=sys.stderr)
+        print(f"flashtune {command}: interrupted; finished trials are stored", file=sys.stderr)
         return 130
+    except MemoryError:
+        _error(command, "out of memory")
+        return 1
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        if os.environ.get("FLASHTUNE_DEBUG"):
+            raise
+        _error(command, f"internal error ({type(e).__name__}: {e}); rerun with FLASHTUNE_DEBUG=1 for the "
+                        "traceback, and please report it")
+        return 1

@@ -7,9 +7,12 @@ guide's per-compute-capability limits ("Technical Specifications per Compute Cap
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import asdict, dataclass
 
-__all__ = ["DeviceLimits", "limits_for_arch", "KNOWN_ARCHS"]
+from .errors import UsageError
+
+__all__ = ["DeviceLimits", "KNOWN_ARCHS", "gpu_unavailable", "limits_for_arch", "missing_driver"]
 
 #: Shared memory the system reserves for every resident CTA (cudaDevAttrReservedSharedMemoryPerBlock), sm_80 on.
 SMEM_RESERVED_PER_BLOCK = 1024
@@ -85,3 +88,30 @@ def limits_for_arch(arch: int) -> DeviceLimits:
     smem, per_sm, sms, name = _TABLE[arch]
     return DeviceLimits(arch=arch, smem_per_block_optin=smem, smem_per_sm=per_sm, num_sms=sms,
                         name=f"sm_{arch} ({name}, nominal)")
+
+
+_DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def missing_driver() -> str | None:
+    """Why this machine has no NVIDIA driver to run kernels with (its CUDA library cannot be loaded), or None.
+
+    Only loads the library (no CUDA call): safe in a process that starts GPU workers afterwards.
+    """
+    for name in _DRIVER_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+            return None
+        except OSError:
+            continue
+    return "no NVIDIA driver on this machine (libcuda.so.1 cannot be loaded)"
+
+
+def gpu_unavailable(index: int | None, detail: str) -> UsageError:
+    """The one message for "this command needs a GPU and cannot have one": the missing driver when that is
+    the cause (CUDA itself then blames a "driver version insufficient"), else what the GPU worker said."""
+    lines = [line.strip() for line in str(detail).splitlines() if line.strip()]
+    reason = missing_driver() or (lines[-1] if lines else "the GPU worker did not start")
+    which = "" if index is None else f" {index}"
+    return UsageError(f"no usable GPU{which}: {reason}; tuning and benchmarking need an NVIDIA GPU with its driver "
+                      "(`flashtune check` compiles and checks a space without one)")

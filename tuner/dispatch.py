@@ -17,7 +17,7 @@ Selection: among the entries of the same (dtype, head_dim, causal), the one with
 tuned sequence length at or above ``seqlen``; above the largest tuned length, the largest.
 A (dtype, head_dim, causal) that no study covered gets ``default_config(head_dim)``, the
 family's default config from its space file for that head dim (valid for every problem the
-family supports). Every value is re-validated through :func:`tuner.export.choose` before it is
+family supports). Every value is re-validated through :func:`tuner.study.choose` before it is
 written.
 """
 
@@ -29,10 +29,12 @@ from datetime import datetime, timezone
 
 from . import __version__
 from .errors import FlashtuneError
-from .export import ChosenConfig, comment_text
+from .export import comment_text
 from .problem import DTYPES
 from .space import Space
 from .storage import mask_url
+from .study import ChosenConfig
+from .text import printable
 
 __all__ = ["DispatchEntry", "DispatchError", "DispatchFamily", "build_dispatch", "export_dispatch", "render_dispatch"]
 
@@ -220,7 +222,7 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
     """
     import sys
 
-    from .export import ExportError, choose, load_flashtune_study
+    from .study import StudyError, choose, load_flashtune_study
     from .storage import open_storage
     from .suite import load_suite, select_studies, suite_storage, suite_studies
 
@@ -244,9 +246,9 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
     for name in names:  # a study still running or made for other knobs is left out, not fatal
         try:
             chosen.append(choose(load_flashtune_study(storage, name, storage_url)))
-        except ExportError as e:
+        except StudyError as e:
             left_out.append(f"{name} left out: {e}")
-            print(f"flashtune export: warning: study {name} left out: {e}", file=log or sys.stderr)
+            print(f"flashtune export: warning: study {printable(name, 120)} left out: {e}", file=log or sys.stderr)
     if not chosen:
         raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {left_out[0]}")
     not_covered += left_out

@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 
 from .errors import FlashtuneError
 
-__all__ = ["DTYPES", "Problem", "ProblemError"]
+__all__ = ["DTYPES", "MAX_DIM", "Problem", "ProblemError"]
+
+#: largest size of any dimension: the kernels take them as 32-bit ``int``
+MAX_DIM = 2**31 - 1
 
 #: dtype name -> bytes per element. Both are 16-bit floats with fp32 accumulation.
 DTYPES = {"fp16": 2, "bf16": 2}
@@ -37,9 +40,14 @@ class Problem:
         for name in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ProblemError(f"{name} must be a positive integer, got {value!r}")
-        if self.dtype not in DTYPES:
-            raise ProblemError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+                raise ProblemError(f"{name} must be a positive integer, got {value!r:.40}")
+            if value > MAX_DIM:
+                raise ProblemError(f"{name} must be at most {MAX_DIM} (the kernels index with 32-bit integers), "
+                                   f"got {value}")
+        if not isinstance(self.causal, bool):
+            raise ProblemError(f"causal must be true or false, got {self.causal!r:.40}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise ProblemError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r:.40}")
         if self.heads_q % self.heads_kv:
             raise ProblemError(
                 f"heads_kv ({self.heads_kv}) must divide heads_q ({self.heads_q}) for grouped-query attention"
@@ -88,7 +96,13 @@ class Problem:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Problem:
-        return cls(**data)  # type: ignore[arg-type]
+        """The problem stored as :meth:`to_dict`; :class:`ProblemError` for anything else."""
+        if not isinstance(data, dict):
+            raise ProblemError(f"a problem must be a table of its fields, got {type(data).__name__}")
+        try:
+            return cls(**data)  # type: ignore[arg-type]
+        except TypeError as e:
+            raise ProblemError(f"malformed problem fields: {e}") from None
 
 
 def _causal_pairs(seqlen_q: int, seqlen_k: int) -> float:

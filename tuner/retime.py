@@ -83,7 +83,7 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
     jobs: dict[str, MeasureJob] = {}
     for key, (number, config) in candidates.items():
         outcome = compiler(str(space.path), config, problem, device)  # served by the cubin cache
-        if outcome.status == "ok" and outcome.kernel is not None:
+        if outcome.status == st.TrialStatus.OK and outcome.kernel is not None:
             jobs[key] = measure_job_for(space, config, problem, device, outcome.kernel, settings, tag=f"retime-{number}")
     samples: dict[str, list[float]] = {key: [] for key in jobs}
     rejected: dict[str, MeasureResult] = {}

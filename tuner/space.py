@@ -21,6 +21,7 @@ from .errors import FlashtuneError
 from .expr import Expr, ExprError, compile_expr
 from .paths import KERNEL_SRC, SEARCH_SPACES
 from .problem import DTYPES, Problem
+from .text import printable
 
 __all__ = [
     "Config",
@@ -43,8 +44,20 @@ PROBLEM_NAMES = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).e
 DEVICE_NAMES = frozenset(DeviceLimits(arch=80, smem_per_block_optin=0, num_sms=1).env())
 PROBLEM_MACROS = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).macros())
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_MACRO = re.compile(r"^FT_[A-Z0-9_]+$")
+# every identifier a space file gives is matched whole (re.fullmatch: "$" would accept a trailing newline)
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_MACRO = re.compile(r"FT_[A-Z0-9_]{1,60}")
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ARCH_SUFFIX = re.compile(r"[a-z]{0,2}")
+_SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*")  # relative, no "..", no spaces
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"\n]+)"', re.M)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_MACRO_TOKEN = re.compile(r"\bFT_[A-Z0-9_]+\b")
+
+#: limits of a CUDA launch (CUDA programming guide, "Features and Technical Specifications")
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_THREADS_PER_BLOCK = 1024
+MAX_KNOB_VALUE = 2**31 - 1  # knob values become C ``int``s
 
 
 class SpaceError(FlashtuneError, ValueError):
@@ -206,8 +219,14 @@ class Space:
         wrong_arch = self.runs_on(device.arch)
         if wrong_arch:
             return [wrong_arch]
-        env = self.environment(config, problem, device)
-        return [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
+        try:
+            env = self.environment(config, problem, device)
+            reasons = [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
+            if reasons:
+                return reasons
+            return _launch_violations(self.launch(config, problem, device))
+        except ExprError as e:  # e.g. a value beyond 64 bits for this problem: the config cannot be built
+            return [f"cannot evaluate the {self.name} space for this config and problem: {e}"]
 
     def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
         """The first reason ``config`` is infeasible, or None."""
@@ -241,6 +260,19 @@ class Space:
         return KERNEL_SRC / self.family.source
 
 
+def _launch_violations(geometry: LaunchGeometry) -> list[str]:
+    """Why a launch of ``geometry`` is impossible on any CUDA device (grid and block limits), or nothing."""
+    reasons = []
+    for axis, size, limit in zip("xyz", geometry.grid, MAX_GRID):
+        if not 1 <= size <= limit:
+            reasons.append(f"launch_grid: grid.{axis} = {size} is outside CUDA's limit of 1..{limit} blocks")
+    if not 1 <= geometry.threads <= MAX_THREADS_PER_BLOCK:
+        reasons.append(f"launch_threads: {geometry.threads} threads per block, CUDA allows 1..{MAX_THREADS_PER_BLOCK}")
+    if geometry.smem_bytes < 0:
+        reasons.append(f"launch_smem: {geometry.smem_bytes} B of shared memory")
+    return reasons
+
+
 def config_key(config: Mapping[str, int]) -> str:
     """A short stable hash of a config, for caches and de-duplication."""
     text = json.dumps(dict(sorted(config.items())), separators=(",", ":"))
@@ -253,26 +285,31 @@ def available_families() -> list[str]:
 
 
 def load_space(name_or_path: str | Path) -> Space:
-    """Load a family by name (``sm80``) or a space file by path, checking it thoroughly."""
+    """Load a family by name (``sm80``) or a space file by path (``*.toml``), checking it thoroughly."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
-        path = SEARCH_SPACES / f"{name_or_path}.toml"
-        if not path.is_file():
-            raise SpaceError(
-                f"unknown kernel family {str(name_or_path)!r}; available: {', '.join(available_families()) or 'none'}"
-            )
+        name = str(name_or_path)
+        path = SEARCH_SPACES / f"{name}.toml"
+        if not _NAME.fullmatch(name) or not path.is_file():
+            raise SpaceError(f"unknown kernel family {printable(name, 80)!r}; available: "
+                             f"{', '.join(available_families()) or 'none'} (or give a space file's path, *.toml)")
+    shown = printable(path, 200)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SpaceError(f"{path}: no such space file") from None
+        raise SpaceError(f"{shown}: no such space file") from None
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{shown}: not UTF-8 text (byte {e.start}); save the space file as UTF-8") from None
+    except OSError as e:
+        raise SpaceError(f"{shown}: cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SpaceError(f"{path}: not valid TOML: {e}") from None
+        raise SpaceError(f"{shown}: not valid TOML: {e}") from None
     try:
         return _parse(data, path)
     except (ExprError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, SpaceError):
             raise
-        raise SpaceError(f"{path}: {e}") from None
+        raise SpaceError(f"{shown}: {e}") from None
 
 
 def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str) -> tuple[tuple[int, int], ...]:
@@ -281,7 +318,7 @@ def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str
         raise SpaceError(f"{where}: default_by_head_dim must be a table such as {{ 256 = 80 }}")
     out = []
     for key, value in table.items():
-        if not key.isdigit() or int(key) not in family.head_dims:
+        if not re.fullmatch(r"[0-9]{1,5}", key) or int(key) not in family.head_dims:
             raise SpaceError(f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
                              f"{list(family.head_dims)}")
         if isinstance(value, bool) or value not in values:
@@ -319,20 +356,36 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     fam = _table(data, "family", where)
     _keys(fam, f"{where} [family]", {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
           {"description", "arch_suffix"})
+    if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]):
+        raise SpaceError(f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
+                         "namespaces and study names)")
     if fam["name"] != path.stem:
         raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
     for key in ("source", "config_header"):
-        if not (KERNEL_SRC / fam[key]).is_file():
-            raise SpaceError(f"{where}: [family] {key} {fam[key]!r} is not a file under {KERNEL_SRC}")
-    bad_dtypes = set(fam["dtypes"]) - set(DTYPES)
-    if bad_dtypes or not fam["dtypes"]:
+        _check_source(fam[key], f"{where}: [family] {key}")
+    for key, pattern, what in (("entry", _C_IDENT, "a C identifier"), ("abi", _NAME, "lower_snake_case"),
+                               ("arch_suffix", _ARCH_SUFFIX, "empty or up to two lower-case letters, e.g. \"a\"")):
+        value = fam.get(key, "")
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise SpaceError(f"{where}: [family] {key} {value!r:.80} must be {what}")
+    if not isinstance(fam.get("description", ""), str):
+        raise SpaceError(f"{where}: [family] description must be a string")
+    min_arch = fam["min_arch"]
+    if isinstance(min_arch, bool) or not isinstance(min_arch, int) or not 10 <= min_arch <= 1000:
+        raise SpaceError(f"{where}: [family] min_arch must be a compute capability times ten (80, 90), "
+                         f"got {min_arch!r:.40}")
+    dtypes = fam["dtypes"]
+    if (not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes)
+            or set(dtypes) - set(DTYPES)):
         raise SpaceError(f"{where}: [family] dtypes must be a non-empty subset of {sorted(DTYPES)}")
-    if not fam["head_dims"] or not all(isinstance(d, int) and d > 0 for d in fam["head_dims"]):
-        raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers")
+    head_dims = fam["head_dims"]
+    if (not isinstance(head_dims, list) or not head_dims
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)):
+        raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers (up to 1024)")
     family = Family(
         name=fam["name"], description=fam.get("description", ""), source=fam["source"],
         config_header=fam["config_header"], entry=fam["entry"], abi=fam["abi"], min_arch=int(fam["min_arch"]),
-        arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(fam["head_dims"]), dtypes=tuple(fam["dtypes"]),
+        arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(head_dims), dtypes=tuple(dtypes),
     )
 
     knobs: list[Knob] = []
@@ -349,12 +402,16 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         values = entry["values"]
         if not isinstance(values, list) or not values:
             raise SpaceError(f"{kw}: values must be a non-empty list")
-        if not all(isinstance(v, int) for v in values):
-            raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values!r:.200}")
+        if not all(abs(v) <= MAX_KNOB_VALUE for v in values):
+            raise SpaceError(f"{kw}: values must fit a C int (at most {MAX_KNOB_VALUE} in size)")
         if len(set(values)) != len(values):
             raise SpaceError(f"{kw}: values repeat: {values}")
-        if entry["default"] not in values:
+        if isinstance(entry["default"], bool) or entry["default"] not in values:
             raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
+        if not isinstance(entry["help"], str):
+            raise SpaceError(f"{kw}: help must be a string")
         by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
         ordered = entry.get("ordered", True)
         if not isinstance(ordered, bool):
@@ -370,6 +427,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         _check_name(name, kw, known)
         if "macro" in entry:
             _check_macro(entry["macro"], kw, macros)
+        if not isinstance(entry.get("help", ""), str):
+            raise SpaceError(f"{kw}: help must be a string")
         expr = _expr(entry["expr"], kw, known)
         derived.append(Derived(name, expr, entry.get("macro"), entry.get("help", "")))
         known.add(name)
@@ -378,6 +437,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     for name, entry in _table(data, "constraints", where, required=False).items():
         kw = f"{where} [constraints.{name}]"
         _keys(entry, kw, {"expr", "message"})
+        if not _NAME.fullmatch(name):
+            raise SpaceError(f"{kw}: name must be lower_snake_case")
         expr = _expr(entry["expr"], kw, known)
         _check_message(entry["message"], kw, known)
         constraints.append(Constraint(name, expr, entry["message"]))
@@ -392,9 +453,11 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     if not isinstance(abi, dict):
         raise SpaceError(f"{kw}: abi must be a table of name = expression")
     for name in abi:
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise SpaceError(f"{where} [launch.abi]: {name!r} must be lower_snake_case")
     launch_abi = tuple((name, _expr(str(e), f"{where} [launch.abi] {name}", known)) for name, e in abi.items())
+    _check_macros_are_read(family, [(f"[knobs.{k.name}]", k.macro) for k in knobs]
+                           + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro], where)
     return Space(
         family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
         launch_threads=_expr(str(launch["threads"]), kw, known),
@@ -406,18 +469,64 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
 
 
 def _check_name(name: str, where: str, known: set[str]) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise SpaceError(f"{where}: name must be lower_snake_case")
     if name in known:
         raise SpaceError(f"{where}: name {name!r} is already used by a knob, derived value, problem or device field")
 
 
 def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
-    if not isinstance(macro, str) or not _MACRO.match(macro):
-        raise SpaceError(f"{where}: macro {macro!r} must look like FT_UPPER_CASE")
+    if not isinstance(macro, str) or not _MACRO.fullmatch(macro):
+        raise SpaceError(f"{where}: macro {macro!r:.80} must look like FT_UPPER_CASE")
     if macro in macros:
         raise SpaceError(f"{where}: macro {macro} is used twice")
     macros.add(macro)
+
+
+def _check_source(value: Any, where: str) -> None:
+    """A kernel source path: relative, inside kernel_src/ (no "..", no link out of it), an existing file."""
+    if not isinstance(value, str) or not _SOURCE.fullmatch(value) or ".." in value.split("/"):
+        raise SpaceError(f"{where} {value!r:.120} must be a relative path inside kernel_src/ (letters, digits, "
+                         "_ . - and /; no '..')")
+    path = (KERNEL_SRC / value).resolve()
+    if not path.is_relative_to(KERNEL_SRC.resolve()) or not path.is_file():
+        raise SpaceError(f"{where} {value!r} is not a file under {KERNEL_SRC}")
+
+
+def _kernel_text(family: Family) -> str:
+    """The family's source and config header with every file they include from kernel_src/, comments removed."""
+    root = KERNEL_SRC.resolve()
+    pending = [root / family.source, root / family.config_header]
+    seen: set[Path] = set()
+    texts = []
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            text = _COMMENT.sub(" ", path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        texts.append(text)
+        for include in _INCLUDE.findall(text):
+            for base in (root, path.parent):
+                candidate = (base / include).resolve()
+                if candidate.is_relative_to(root) and candidate.is_file():
+                    pending.append(candidate)
+                    break
+    return "\n".join(texts)
+
+
+def _check_macros_are_read(family: Family, declared: list[tuple[str, str]], where: str) -> None:
+    """Every knob and derived macro must be read by the family's kernel: a macro it never reads would make a
+    study tune a knob that does nothing."""
+    read = set(_MACRO_TOKEN.findall(_kernel_text(family)))
+    for entry, macro in declared:
+        if macro not in read:
+            raise SpaceError(f"{where} {entry}: macro {macro} is never read by the {family.name} kernel "
+                             f"(kernel_src/{family.source} and what it includes); use the name "
+                             f"kernel_src/{family.config_header} reads, or add it there")
 
 
 def _expr(text: Any, where: str, known: set[str]) -> Expr:

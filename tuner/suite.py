@@ -45,6 +45,9 @@ import optuna
 from .errors import FlashtuneError
 from .problem import Problem, ProblemError
 from .space import SpaceError, load_space
+from .storage import mask_url
+from .study import StudyError, StudyMeta
+from .text import printable
 
 __all__ = ["Suite", "SuiteError", "SuiteStudy", "describe_problem", "is_finished", "load_suite", "problem_order",
            "select_studies", "suite_storage", "suite_studies"]
@@ -79,14 +82,17 @@ class SuiteStudy:
 def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; every problem must be one the family supports."""
     path = Path(path)
+    shown = printable(path, 200)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SuiteError(f"{path}: no such suite file") from None
+        raise SuiteError(f"{shown}: no such suite file") from None
+    except UnicodeDecodeError as e:
+        raise SuiteError(f"{shown}: not UTF-8 text (byte {e.start}); save the suite file as UTF-8") from None
     except OSError as e:
-        raise SuiteError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise SuiteError(f"{shown}: cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SuiteError(f"{path}: not valid TOML: {e}") from None
+        raise SuiteError(f"{shown}: not valid TOML: {e}") from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise SuiteError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
@@ -99,8 +105,10 @@ def load_suite(path: str | Path) -> Suite:
     except SpaceError as e:
         raise SuiteError(f"{path}: {e}") from None
     storage = data.get("storage")
-    if storage is not None and (not isinstance(storage, str) or not storage):
+    if storage is not None and (not isinstance(storage, str) or not storage.strip()):
         raise SuiteError(f"{path}: storage must be a SQLAlchemy URL string")
+    if storage is not None and not printable(storage, None) == storage:
+        raise SuiteError(f"{path}: storage {mask_url(storage)!r} holds control characters; write the URL on one line")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SuiteError(f"{path}: description must be a string")
@@ -196,37 +204,40 @@ def is_finished(storage: optuna.storages.BaseStorage, name: str, n_trials: int |
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return False
-    won = st.winner(study) if study.user_attrs.get("winner") else None
+    try:
+        won = st.winner(study) if st.StudyMeta.read(study).winner else None
+    except (st.StudyError, TypeError, ValueError, KeyError):
+        return False  # tuning it again says what is wrong with it
     if not won or won.get("source") != "retimed":  # none yet, or a faster trial came after it: re-time
         return False
     if n_trials is None:
         return False
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = study.get_trials(deepcopy=False, states=states)
-    evaluated = sum(1 for t in finished if t.user_attrs.get(st.STATUS) not in (None, "infeasible")
-                    and st.DUPLICATE_OF not in t.user_attrs)
-    return evaluated >= n_trials
+    return sum(1 for t in finished if st.is_evaluated(t)) >= n_trials
 
 
-def _flashtune_summaries(storage: optuna.storages.BaseStorage) -> list[optuna.study.StudySummary]:
-    return [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
-            if isinstance(s.user_attrs.get("flashtune"), dict)]
+def _flashtune_studies(storage: optuna.storages.BaseStorage) -> list[StudyMeta]:
+    """The metadata of every flashtune study in ``storage`` (studies with unreadable metadata are left out)."""
+    out = []
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        try:
+            out.append(StudyMeta.read(s))
+        except StudyError:
+            continue
+    return out
 
 
 def suite_studies(storage: optuna.storages.BaseStorage, suite: Suite, pattern: str | None = None) -> list[SuiteStudy]:
     """For each problem of ``suite`` (in order), the flashtune studies of its family that tune it."""
     found: dict[Problem, list[str]] = {p: [] for p in suite.problems}
-    for s in _flashtune_summaries(storage):
-        if s.user_attrs.get("family") != suite.family:
+    for meta in _flashtune_studies(storage):
+        if meta.family != suite.family:
             continue
-        if pattern is not None and not fnmatch.fnmatchcase(s.study_name, pattern):
+        if pattern is not None and not fnmatch.fnmatchcase(meta.name, pattern):
             continue
-        try:
-            problem = Problem.from_dict(dict(s.user_attrs.get("problem") or {}))
-        except (TypeError, ValueError):
-            continue
-        if problem in found:
-            found[problem].append(s.study_name)
+        if meta.problem in found:
+            found[meta.problem].append(meta.name)
     return [SuiteStudy(problem=p, studies=tuple(sorted(names))) for p, names in found.items()]
 
 
@@ -237,7 +248,7 @@ def select_studies(storage: optuna.storages.BaseStorage, *, pattern: str | None 
         return sorted(name for entry in suite_studies(storage, suite, pattern) for name in entry.studies)
     if pattern is None:
         raise SuiteError("select studies with --study PATTERN (a glob such as 'sm80-*-fp16-*') or --suite FILE")
-    return sorted(s.study_name for s in _flashtune_summaries(storage) if fnmatch.fnmatchcase(s.study_name, pattern))
+    return sorted(m.name for m in _flashtune_studies(storage) if fnmatch.fnmatchcase(m.name, pattern))
 
 
 def describe_problem(problem: Problem) -> str:

@@ -103,9 +103,10 @@ class ReportError(FlashtuneError, ValueError):
 def build_report(storage_url: str | None, *, study: str | None = None,
                  suite_path: str | None = None) -> tuple[str, str]:
     """``flashtune report``: (the HTML, a file stem for it). With a suite, its storage is used unless one is given."""
-    from ..export import load_flashtune_study
-    from ..storage import open_storage
+    from ..storage import mask_url, open_storage
+    from ..study import load_flashtune_study
     from ..suite import load_suite, suite_storage, suite_studies
+    from ..text import printable
 
     if not study and not suite_path:
         raise ReportError("say what to report on: --study NAME and/or --suite FILE")
@@ -113,10 +114,18 @@ def build_report(storage_url: str | None, *, study: str | None = None,
     url = suite_storage(suite, storage_url)
     storage = open_storage(url, create=False)
     studies = [load_flashtune_study(storage, study, url)] if study else []
+    for s in studies:
+        if not s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            raise ReportError(f"study {printable(s.study_name, 120)!r} has no successful trial yet: nothing to "
+                              "report; run `flashtune tune` until a config measures")
     entries: list[tuple[Problem, list[optuna.Study]]] = []
     if suite is not None:
         for entry in suite_studies(storage, suite):
             entries.append((entry.problem, [load_flashtune_study(storage, n, url) for n in entry.studies]))
+        if not studies and not any(ss for _, ss in entries):
+            raise ReportError(f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}: nothing to report; "
+                              "`flashtune tune --suite` makes them")
     text = render_report(studies=studies, storage_url=url, suite=suite, suite_entries=entries)
     stem = study if study else suite.name  # type: ignore[union-attr]
-    return text, re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "report"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._")[:120].strip("._")
+    return text, stem or "report"

@@ -19,7 +19,8 @@ from .. import study as st
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
 from ..problem import Problem
-from ..space import Space, load_space
+from ..space import Space
+from ..text import printable
 
 __all__ = ["StudyData", "TrialRow", "study_data"]
 
@@ -93,35 +94,37 @@ def _int(value: Any) -> int | None:
     return int(number) if number is not None else None
 
 
-def _space_for(study: optuna.Study, family: str) -> tuple[Space | None, str | None]:
+def _space_for(meta: st.StudyMeta) -> tuple[Space | None, str | None]:
     try:
-        space = load_space(family)
-    except FlashtuneError as e:
-        return None, f"the {family} space cannot be loaded here ({e}); knobs are read from the trials"
-    if study.user_attrs.get("space_digest") != st.space_digest(space):
-        return None, (f"the knobs of {family} changed since this study was made; knobs are read from the trials "
-                      "and derived values (dynamic shared memory) are not shown")
-    return space, None
+        return meta.space(), None
+    except st.StaleSpaceError:
+        return None, (f"the knobs of {meta.family} changed since this study was made; knobs are read from the "
+                      "trials and derived values (dynamic shared memory) are not shown")
+    except st.StudyError as e:
+        return None, f"the {meta.family} space cannot be used here ({e}); knobs are read from the trials"
 
 
 def study_data(study: optuna.Study) -> StudyData:
     """Read ``study`` (any state) into a :class:`StudyData`."""
-    attrs = study.user_attrs
-    family = str(attrs.get("family", "?"))
     notes: list[str] = []
     try:
-        problem: Problem | None = Problem.from_dict(dict(attrs["problem"]))
-    except (KeyError, TypeError, ValueError):
-        problem = None
-        notes.append("the study stores no readable problem")
-    gpu = attrs.get("gpu") if isinstance(attrs.get("gpu"), dict) else {}
-    try:
-        device: DeviceLimits | None = DeviceLimits.from_info(gpu)
-    except (KeyError, TypeError, ValueError):
-        device = None
-    space, note = _space_for(study, family)
-    if note:
-        notes.append(note)
+        meta: st.StudyMeta | None = st.StudyMeta.read(study)
+    except st.StudyError as e:
+        meta = None
+        notes.append(f"the study's attributes cannot be read ({e}); knobs are read from the trials")
+    family = meta.family if meta else printable(study.user_attrs.get(st.FAMILY, "?"), 64)
+    problem = meta.problem if meta else None
+    gpu = dict(meta.gpu) if meta else {}
+    device: DeviceLimits | None = None
+    space: Space | None = None
+    if meta is not None:
+        try:
+            device = meta.device()
+        except st.StudyError:
+            device = None
+        space, note = _space_for(meta)
+        if note:
+            notes.append(note)
 
     trials = study.get_trials(deepcopy=False)
     if space is not None:
@@ -153,7 +156,7 @@ def study_data(study: optuna.Study) -> StudyData:
         duplicate = t.user_attrs.get(st.DUPLICATE_OF)
         rows.append(TrialRow(
             number=t.number, state=t.state.name,
-            status=str(t.user_attrs[st.STATUS]) if st.STATUS in t.user_attrs else None,
+            status=printable(t.user_attrs[st.STATUS], 40) if st.STATUS in t.user_attrs else None,
             reason=str(t.user_attrs[st.REASON]) if st.REASON in t.user_attrs else None,
             params=params,
             tflops=_number(t.value) if t.state == TrialState.COMPLETE else None,
@@ -164,7 +167,7 @@ def study_data(study: optuna.Study) -> StudyData:
             is_default=bool(t.user_attrs.get(st.IS_DEFAULT)),
             duplicate_of=_int(duplicate) if duplicate is not None else None,
         ))
-    winner = attrs.get("winner") if isinstance(attrs.get("winner"), dict) else None
+    winner = dict(meta.winner) if meta and meta.winner else None
     if winner is not None:
         try:
             resolved = st.winner(study)

@@ -2,7 +2,7 @@
 
 Each column is one problem (shape) of the suite, each row a knob; the colour is the position
 of the winning value among the knob's allowed values (low to high), the text the value itself.
-Winners are re-validated like an export (:func:`tuner.export.choose`); a study that cannot be
+Winners are re-validated like an export (:func:`tuner.study.choose`); a study that cannot be
 exported (stale space, no successful trial) keeps an empty column and its reason is listed.
 """
 
@@ -16,7 +16,7 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..export import ExportError, choose
+from ..study import StudyError, choose
 from ..problem import Problem
 from ..space import Space
 from ..suite import describe_problem
@@ -62,7 +62,7 @@ def get_suite_info(name: str, space: Space, entries: Sequence[tuple[Problem, Seq
             col_label = label if len(studies) == 1 else f"{label} [{study.study_name}]"
             try:
                 chosen = choose(study)
-            except ExportError as e:
+            except StudyError as e:
                 columns.append(SuiteColumn(col_label, problem, study.study_name, None, None, None, str(e)))
                 continue
             columns.append(SuiteColumn(col_label, problem, study.study_name, dict(chosen.config), chosen.tflops,
