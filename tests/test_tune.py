@@ -11,7 +11,7 @@ from tests.fakes.fake_measure import FakeMeasure, model_tflops, wrong
 from tuner import study as st
 from tuner.search import make_sampler
 from tuner.storage import open_storage
-from tuner.tune import TuneSettings, _counts, tune
+from tuner.tune import TuneSettings, tune
 
 GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
        "driver": "0.0"}
@@ -104,7 +104,7 @@ def test_statuses_of_every_kind(storage, toy_space, problem, sm80):
             assert t.user_attrs[st.REASON]
 
     # infeasible configs and duplicates do not count towards n_trials
-    assert len(evaluated_trials(study)) == 8 == summary.evaluated == sum(_counts(t) for t in trials)
+    assert len(evaluated_trials(study)) == 8 == summary.evaluated == sum(st.is_evaluated(t) for t in trials)
     assert summary.infeasible == sum(t.user_attrs[st.STATUS] == "infeasible" and st.DUPLICATE_OF not in t.user_attrs
                                      for t in trials) >= 1
     assert summary.duplicates == sum(st.DUPLICATE_OF in t.user_attrs for t in trials) >= 1

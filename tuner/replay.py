@@ -85,7 +85,7 @@ def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_pat
                           "it was measured with (--space FILE)")
     results: dict[str, float | None] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if not t.params or st.DUPLICATE_OF in t.user_attrs or t.user_attrs.get(st.STATUS) == "infeasible":
+        if not t.params or st.DUPLICATE_OF in t.user_attrs or st.TrialStatus.of(t) is st.TrialStatus.INFEASIBLE:
             continue
         results.setdefault(config_key(t.params), t.value if t.state == TrialState.COMPLETE else None)
     if not any(v is not None for v in results.values()):
@@ -139,7 +139,7 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
                     compiler=_stand_in_compile)
     summary = loop.run()
     evaluated = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-                 if t.user_attrs.get(st.STATUS) not in (None, "infeasible") and st.DUPLICATE_OF not in t.user_attrs]
+                 if st.is_evaluated(t)]
     evaluated.sort(key=lambda t: t.datetime_complete)  # the order the loop measured them in
     return ReplayRun(sampler=sampler, seed=seed, values=[t.value for t in evaluated], asks=search.stats.asks,
                      repeats=search.stats.repeats, infeasible=search.stats.infeasible,

@@ -22,14 +22,16 @@ from typing import Any
 import optuna
 
 from . import study as st
-from .devices import DeviceLimits
+from .devices import DeviceLimits, gpu_unavailable
 from .errors import UsageError
+from .heartbeat import requeue_stale
 from .problem import Problem
 from .progress import Progress
 from .search import make_sampler, make_search
 from .space import Config, Space, available_families, load_space
 from .storage import mask_url, open_storage, retrying
 from .suite import Suite
+from .text import printable
 from .tune import TuneSettings, TuneSummary, tune
 from .worker import Worker, WorkerError
 
@@ -60,8 +62,7 @@ def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[
             try:
                 infos.append(worker.call("device_info", timeout_s=120))
             except WorkerError as e:
-                raise UsageError(f"no usable GPU {index}: {str(e).splitlines()[-1]} "
-                                 "(`flashtune check` compiles and checks a space without a GPU)") from None
+                raise gpu_unavailable(index, str(e)) from None
     names = {info["name"] for info in infos}
     if len(names) > 1:
         raise UsageError(f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
@@ -81,11 +82,11 @@ def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
         others = [f for f in available_families() if load_space(f).runs_on(device.arch) is None]
         raise UsageError(f"{wrong_arch} ({info['name']})"
                          + (f"; families that run there: {', '.join(others)}" if others else ""))
-    storage = open_storage(spec.storage_url)
+    storage = _open(spec.storage_url)
     name = spec.study_name or st.default_study_name(space, device.arch, str(info["name"]), spec.problem)
     study = st.open_study(storage=storage, name=name, space=space, problem=spec.problem, gpu=info,
                           sampler=make_sampler(spec.sampler, space, spec.seed))
-    study.set_user_attr("run", {"sampler": spec.sampler, "seed": spec.seed, "target_trials": spec.settings.n_trials})
+    study.set_user_attr(st.RUN, {"sampler": spec.sampler, "seed": spec.seed, "target_trials": spec.settings.n_trials})
     return dataclasses.replace(spec, study_name=name)
 
 
@@ -133,19 +134,17 @@ def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, probl
 def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
                     settings: TuneSettings | None = None) -> RunSpec:
     """The spec of an existing study, for `flashtune worker` on another host."""
-    storage = open_storage(storage_url, create=False)
+    storage = open_storage(storage_url, create=False, stale_trial_callback=requeue_stale)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise UsageError(f"no study named {study_name!r} in {mask_url(storage_url)}; create it with `flashtune tune` "
-                         "first (`flashtune studies` lists what is there)") from None
-    if "flashtune" not in study.user_attrs:
-        raise UsageError(f"study {study_name!r} was not created by flashtune")
-    run = study.user_attrs.get("run", {})
+        raise UsageError(f"no study named {printable(study_name, 200)!r} in {mask_url(storage_url)}; create it with "
+                         "`flashtune tune` first (`flashtune studies` lists what is there)") from None
+    meta = st.StudyMeta.read(study)
     base = settings or TuneSettings()
-    target = n_trials if n_trials is not None else run.get("target_trials", base.n_trials)
-    return RunSpec(family=study.user_attrs["family"], problem=st.study_problem(study), storage_url=storage_url,
-                   study_name=study_name, sampler=run.get("sampler", "tpe"), seed=run.get("seed"),
+    target = n_trials if n_trials is not None else meta.run.get("target_trials", base.n_trials)
+    return RunSpec(family=meta.family, problem=meta.problem, storage_url=storage_url, study_name=study_name,
+                   sampler=meta.run.get("sampler", "tpe"), seed=meta.run.get("seed"),
                    settings=dataclasses.replace(base, n_trials=target))
 
 
@@ -154,7 +153,7 @@ def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int) -> optuna
     winner is stored on the study. Returns the study."""
     from .retime import retime_top
 
-    study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec.storage_url))
+    study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
     if top_k > 0:
         print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
         with Worker(device=gpu, handler=spec.handler) as worker:
@@ -174,7 +173,7 @@ def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[st
     from .suite import is_finished
 
     space = load_space(suite.family)
-    storage = open_storage(base.storage_url)
+    storage = _open(base.storage_url)
     device = DeviceLimits.from_info(infos[0])
     for i, problem in enumerate(suite.problems, 1):
         spec = dataclasses.replace(base, family=suite.family, problem=problem, study_name="")
@@ -244,7 +243,7 @@ def _gpu_process(spec: RunSpec, gpu: int, label: str, results) -> None:
 def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
     """One GPU's tuning loop: its own storage connection, sampler, GPU worker and compile pool."""
     space = load_space(spec.family)
-    storage = open_storage(spec.storage_url)
+    storage = _open(spec.storage_url)
     seed = None if spec.seed is None else spec.seed + 7919 * gpu + _host_salt()
     study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage), what="loading the study")
     module, _, function = spec.compiler.partition(":")
@@ -267,8 +266,13 @@ def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
 
 
 def _stored_gpu_name(spec: RunSpec) -> str:
-    study = optuna.load_study(study_name=spec.study_name, storage=open_storage(spec.storage_url))
-    return str((study.user_attrs.get("gpu") or {}).get("name"))
+    study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
+    return st.StudyMeta.read(study).gpu_name
+
+
+def _open(url: str) -> optuna.storages.RDBStorage:
+    """A tuner's storage: a trial whose tuner died is failed and its config enqueued again."""
+    return open_storage(url, stale_trial_callback=requeue_stale)
 
 
 def _host_salt() -> int:

@@ -44,6 +44,7 @@ from .problem import Problem
 from .search import OptunaSearch, Search, distributions
 from .space import Config, Space, config_key
 from .storage import retrying, set_trial_user_attrs
+from .study import TrialStatus
 
 __all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
 
@@ -189,7 +190,7 @@ class _StudyState:
         self._done.add(t.number)
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not t.params:
             return
-        if _counts(t):
+        if st.is_evaluated(t):
             self.evaluated += 1
         if st.DUPLICATE_OF in t.user_attrs:
             return
@@ -374,7 +375,7 @@ class TuneLoop:
             _finish_duplicate(self.study, trial, self.state.seen[key], self.storage_call)
             self.summary.duplicates += 1
         elif (reason := self.space.check(config, self.problem, self.device)) is not None:
-            self.state.seen[key] = _finish(self.study, trial, self.storage_call, status="infeasible", reason=reason)
+            self.state.seen[key] = _finish(self.study, trial, self.storage_call, status=TrialStatus.INFEASIBLE, reason=reason)
             self.summary.infeasible += 1
             self._report("infeasible")
         else:
@@ -429,9 +430,9 @@ class TuneLoop:
         try:
             outcome: CompileOutcome = item.future.result(timeout=max(0.0, remaining))
         except cf.TimeoutError:
-            return self._store(trial, status="compile_timeout", reason=f"compile took over {settings.compile_timeout_s:.0f} s")
+            return self._store(trial, status=TrialStatus.COMPILE_TIMEOUT, reason=f"compile took over {settings.compile_timeout_s:.0f} s")
         except cf.process.BrokenProcessPool as e:
-            return self._store(trial, status="compile_error", reason=f"compile process died: {e}")
+            return self._store(trial, status=TrialStatus.COMPILE_ERROR, reason=f"compile process died: {e}")
         if outcome.status != "ok" or outcome.kernel is None:
             return self._store(trial, status=outcome.status, reason=outcome.reason)
         kernel = outcome.kernel
@@ -449,7 +450,7 @@ class TuneLoop:
         attrs[st.MEASUREMENT] = {k: v for k, v in result.to_dict().items() if k not in ("status", "detail")}
         if not result.ok:
             return self._store(trial, status=result.status, reason=result.detail, attrs=attrs)
-        return self._store(trial, status="ok", attrs=attrs, value=result.tflops)
+        return self._store(trial, status=TrialStatus.OK, attrs=attrs, value=result.tflops)
 
     def _store(self, trial: Trial, **outcome: Any) -> FrozenTrial:
         if outcome.get("value") is None:
@@ -529,9 +530,9 @@ def _stop_cleanly(study: optuna.Study, held: list[tuple[Trial, Config | None, bo
         try:
             if requeue and config is None:
                 config = study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params")
-            frozen = _finish(study, trial, storage_call, status="interrupted", reason="the tuner stopped",
+            frozen = _finish(study, trial, storage_call, status=TrialStatus.INTERRUPTED, reason="the tuner stopped",
                              state=TrialState.FAIL)
-            if requeue and config is not None and frozen.user_attrs.get(st.STATUS) == "interrupted":
+            if requeue and config is not None and TrialStatus.of(frozen) is TrialStatus.INTERRUPTED:
                 storage_call(lambda: _requeue_interrupted(study, frozen, config),
                              what=f"enqueuing trial {trial.number}'s config again")
         except Exception:  # noqa: BLE001 - the storage is gone: the heartbeat lets others recover it
@@ -600,7 +601,7 @@ def _finish_duplicate(study: optuna.Study, trial: Trial, original: FrozenTrial,
                       storage_call: Callable[..., Any]) -> FrozenTrial:
     """An enqueued config was evaluated already: give it the same outcome without measuring again."""
     attrs = {st.DUPLICATE_OF: original.number}
-    status = original.user_attrs.get(st.STATUS, "ok")
+    status = original.user_attrs.get(st.STATUS, TrialStatus.OK)
     if original.state == TrialState.COMPLETE:
         return _finish(study, trial, storage_call, status=status, attrs=attrs, value=original.value)
     return _finish(study, trial, storage_call, status=status, reason=original.user_attrs.get(st.REASON, ""),
@@ -651,9 +652,3 @@ def _kernel_seconds(result: MeasureResult) -> float:
     if reported is not None:
         return reported / 1e3
     return (result.latency_ms or 0.0) * (result.reps or 0) / 1e3
-
-
-def _counts(t: FrozenTrial) -> bool:
-    """Whether a trial counts against the budget: finished, past the static check, not a duplicate."""
-    return (t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get(st.STATUS) not in (None, "infeasible")
-            and st.DUPLICATE_OF not in t.user_attrs)

@@ -178,7 +178,7 @@ def study_data(study: optuna.Study) -> StudyData:
                          f"{resolved.get('trial') if resolved else '?'} measured faster after it was re-timed; "
                          "`flashtune best` and `export` serve that trial until the study is re-timed")
             winner = None
-    runs = {k[len(st.THROUGHPUT_PREFIX):]: v for k, v in attrs.items()
+    runs = {k[len(st.THROUGHPUT_PREFIX):]: v for k, v in study.user_attrs.items()
             if k.startswith(st.THROUGHPUT_PREFIX) and isinstance(v, dict)}
     return StudyData(name=study.study_name, family=family, problem=problem, gpu_name=str(gpu.get("name", "?")),
                      knobs=knobs, knob_values=knob_values, knob_help=knob_help, rows=tuple(rows), winner=winner,
