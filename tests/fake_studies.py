@@ -87,14 +87,17 @@ def fill_study(study: optuna.Study, space: Space, problem: Problem, *, n_trials:
     device = DeviceLimits.from_info(study.user_attrs["gpu"])
     dists = distributions(space)
     rng = random.Random(seed)
-    # the enqueued default config, told as tune.py tells a measured trial
-    trial = study.ask(dists)
-    config = space.validate(trial.params)
-    tflops = fake_tflops(space, config) * tflops_scale
-    for key, value in _measured_attrs(config, problem, tflops).items():
-        trial.set_user_attr(key, value)
-    study.tell(trial, tflops)
-    seen = {config_key(config)}
+    # the enqueued default config (or, in a resumed study, the next enqueued one), told as tune.py tells a
+    # measured trial; a resumed study without one gets only the random configs below
+    seen = {config_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        trial = study.ask(dists)
+        config = space.validate(trial.params)
+        tflops = fake_tflops(space, config) * tflops_scale
+        for key, value in _measured_attrs(config, problem, tflops).items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, tflops)
+        seen.add(config_key(config))
     trials = []
     infeasible = 0
     for _ in range(200 * n_trials):
