@@ -288,27 +288,13 @@ def write_text(text: str, path: str | Path) -> Path:
     return path
 
 
-def read_header(path: str | Path, space: Space) -> Config:
-    """The knob values of a header written by :func:`render_header`, validated against ``space``."""
-    path = Path(path)
+def read_header(path: str | Path, space: Space, problem: Problem | None = None) -> Config:
+    """The knob values of a header written by :func:`render_header`, validated against ``space``; with
+    ``problem``, the header must have been made for its head dim, dtype and mask (:mod:`tuner.header`)."""
+    from .header import HeaderError
+    from .header import read_header as read
+
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ExportError(f"cannot read config header {path}: {e.strerror or e}") from None
-    values: dict[str, int] = {}
-    family = None
-    for line in text.splitlines():
-        if (m := _FAMILY_DEFINE.match(line)) is not None:
-            family = m.group(1)
-        elif (m := _DEFINE.match(line)) is not None:
-            values[m.group(1)] = int(m.group(2))
-    if family is not None and family != space.name:
-        raise ExportError(f"{path} is a config of family {family!r}, not {space.name!r}")
-    by_macro: Mapping[str, str] = {k.macro: k.name for k in space.knobs}
-    config = {by_macro[m]: v for m, v in values.items() if m in by_macro}
-    if not config:
-        raise ExportError(f"{path} defines none of the {space.name} knob macros ({', '.join(by_macro)})")
-    try:
-        return space.validate(config)
-    except ConfigError as e:
-        raise ExportError(f"{path}: {e}") from None
+        return read(path, space, problem)
+    except HeaderError as e:
+        raise ExportError(str(e)) from None
