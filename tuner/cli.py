@@ -327,7 +327,7 @@ def _tune_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .dispatch import export_dispatch
+    from .dispatch import collect_dispatch
     from .export import check_output_path, export_study, write_text
 
     if args.output:
@@ -335,7 +335,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.dispatch:
         if not args.study and not args.suite:
             raise UsageError("--dispatch needs --study PATTERN (a glob over study names) and/or --suite FILE")
-        text = export_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
+        if args.output and args.output.endswith(".json"):
+            raise UsageError(f"-o {args.output}: -o names the header; its JSON is written beside it (name.json)")
+        selection = collect_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
+        text = selection.header()
+        if args.output:  # the same tables for tuner.attention(config="auto", tuned=...)
+            json_path = check_output_path(args.output).with_suffix(".json")
+            print(f"wrote {write_text(selection.json(), json_path)}", file=sys.stderr)
     elif args.suite or not args.study:
         raise UsageError("export one study with --study NAME, or several with --dispatch (--study PATTERN, --suite FILE)")
     else:
@@ -432,7 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
     p.add_argument("--study", help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
-    p.add_argument("--dispatch", action="store_true", help="one C++17 header that selects a config per shape")
+    p.add_argument("--dispatch", action="store_true",
+                   help="one C++17 header that selects a config per shape (with -o, and a .json beside it for "
+                        "tuner.attention(config='auto'))")
     p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
     _add_storage(p)
     p.add_argument("-o", "--output", help="header file to write (default: standard output)")
