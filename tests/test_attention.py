@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
 
-from tests.fakes.standin_launch import H200, gpu  # noqa: E402, F401  (the fixture)
+from tests.fakes.standin_launch import H200, StandInGPU, install  # noqa: E402
 import tuner  # noqa: E402
 from tuner import filekey  # noqa: E402
 from tuner.paths import SEARCH_SPACES  # noqa: E402
@@ -29,6 +29,14 @@ from tuner.space import load_space  # noqa: E402
 
 ta = importlib.import_module("tuner.attention")  # the module (the attribute tuner.attention is the function)
 FAMILY = "sm80"
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    stand_in = StandInGPU()
+    install(monkeypatch, stand_in)
+    yield stand_in
+    ta.clear_cache()
 
 
 def qkv(batch=2, seqlen_q=256, seqlen_k=None, heads_q=4, heads_kv=None, head_dim=128, dtype=torch.float16):
@@ -160,7 +168,7 @@ def test_an_edited_header_is_never_served_stale(gpu, tmp_path):
 def test_a_header_for_another_problem_is_refused(gpu, tmp_path):
     space = load_space(FAMILY)
     q, k, v = qkv()
-    for made_for, call in (({"head_dim": 64}, {}), ({"causal": False}, {}), ({"dtype": "bf16"}, {})):
+    for made_for in ({"head_dim": 64}, {"causal": False}, {"dtype": "bf16"}):
         header = write_header(tmp_path / "other.h", space, {}, **made_for)
         with pytest.raises(ta.AttentionError, match="was exported for .* but this call is head_dim 128, fp16, causal"):
             tuner.attention(q, k, v, causal=True, config=header)

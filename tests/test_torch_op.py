@@ -57,7 +57,8 @@ def inputs(dtype=torch.float16, seqlen_q=96, seqlen_k=128, heads_q=4, heads_kv=2
 
 def test_the_operator_is_registered_with_its_schema():
     schema = str(torch.ops.flashtune.attention.default._schema)
-    assert schema == ('flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, '
+    assert schema == ('flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False, '
+                      'float? softmax_scale=None, '
                       'str family="sm80", str? config=None, str? tuned=None) -> (Tensor, Tensor)')
 
 

@@ -248,7 +248,7 @@ def test_json_that_no_longer_fits_the_space_is_refused(exported):
 
 
 def test_tuned_sources_that_are_not_one(tmp_path):
-    for source, message in (("x.txt", "give the .json"), ("sqlite:///" + str(tmp_path / "none.db"), "no study database"),
+    for source, message in (("x.txt", "give the .json"), (f"sqlite:///{tmp_path}/none.db", "no study database"),
                             (tmp_path / "absent.toml", "cannot read")):
         with pytest.raises(TunedError, match=message):
             tuned_configs(source)

@@ -20,4 +20,6 @@ __all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", 
            "load_space"]
 
 if "torch" in sys.modules:  # PyTorch is loaded already: register torch.ops.flashtune.attention (tuner.torch_op)
-    from . import torch_op  # noqa: E402, F401
+    from .attention import register_torch_op  # noqa: E402
+
+    register_torch_op()

@@ -126,7 +126,7 @@ def _config_key(config: Any, tuned: Any) -> tuple:
                          f"not {type(config).__name__}")
 
 
-def _chosen_config(space: Space, config_key: tuple, problem: Problem) -> Config:
+def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, problem: Problem) -> Config:
     kind = config_key[0]
     if kind == "defaults":
         return space.defaults(problem.head_dim)
@@ -139,7 +139,7 @@ def _chosen_config(space: Space, config_key: tuple, problem: Problem) -> Config:
             raise AttentionError(str(e)) from None
     _, path, digest = config_key
     made_for = (problem.head_dim, problem.dtype, bool(problem.causal))
-    key = (path, digest, str(space.path), space.name, made_for)
+    key = (path, digest, space_key, made_for)
     config = _header_configs.get(key)
     if config is None:
         try:
@@ -270,7 +270,7 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
         reason = space.supports(problem)
         if reason:
             raise AttentionError(reason)
-        chosen = _chosen_config(space, config_key, problem)
+        chosen = _chosen_config(space, space_key, config_key, problem)
         if capturing():
             raise AttentionError(CAPTURE_FIRST_CALL)
         from cupy.cuda import driver, runtime
@@ -302,6 +302,16 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
 
 
 # -- PyTorch tensors ------------------------------------------------------------------------------------
+def register_torch_op() -> bool:
+    """Register ``torch.ops.flashtune.attention`` (:mod:`tuner.torch_op`); False on a PyTorch without
+    ``torch.library.custom_op`` (before 2.4), where ``tuner.attention`` still works eagerly."""
+    try:
+        from . import torch_op  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def _torch_device(t) -> int:
     """The CUDA device index of a tensor, -1 when it is not on a CUDA device."""
     return t.get_device() if t.is_cuda else -1
@@ -348,8 +358,7 @@ def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config
            q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape, causal)
     plan = _plans.get(key)
     if plan is None:
-        from . import torch_op  # noqa: F401  (registers torch.ops.flashtune.attention for torch.compile)
-
+        register_torch_op()
         for name, x in (("q", q), ("k", k), ("v", v)):
             if _torch_device(x) < 0:
                 raise AttentionError(f"tensors must be on a CUDA device, got {x.device} for {name}")

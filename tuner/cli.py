@@ -247,8 +247,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench, study_for_bench
     from .space import load_space
 
+    if args.api:
+        return _bench_api(args)
     if args.suite:
         return _bench_suite(args)
+    if args.tuned:
+        raise UsageError("--tuned goes with --api --config auto")
     if args.ablate or args.output:
         raise UsageError("--ablate and --output go with --suite")
     if args.study:
@@ -265,6 +269,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     worker, info = _start_worker(args.gpu)
     with worker:
         run_bench(worker, info, family, problem, config=config, out=sys.stdout)
+    return 0
+
+
+def _bench_api(args: argparse.Namespace) -> int:
+    """``bench --api``: host time per call and eager vs kernel TFLOPS of tuner.attention, its op and SDPA."""
+    from pathlib import Path
+
+    from .bench_api import DEFAULT_SHAPES, run_api_bench
+
+    if args.suite or args.study or args.ablate or args.output:
+        raise UsageError("--api times tuner.attention in this process on its own shapes; drop --suite, --study, "
+                         "--ablate and -o")
+    shape_flags = [f for f in _explicit_problem_flags(args) if f != "--family"]
+    problems = [_problem(args)] if shape_flags else list(DEFAULT_SHAPES)
+    config = args.config
+    if config and config != "auto" and not (config.endswith(".h") or Path(config).is_file()):
+        config = _parse_config(config)
+    if (config == "auto") != bool(args.tuned):
+        raise UsageError("--config auto and --tuned (a dispatch .json, suite file or storage URL) go together")
+    run_api_bench(problems, family=args.family, config=config or None, tuned=args.tuned, device=args.gpu,
+                  out=sys.stdout)
     return 0
 
 
@@ -427,12 +452,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time one config against PyTorch SDPA backends in one run")
     _add_problem(p)
     _add_storage(p)
-    p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults)")
+    p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults); with --api also "
+                                    "a header path or 'auto'")
     p.add_argument("--study", help="take the config from this study's winner instead")
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
     p.add_argument("--ablate", action="store_true",
                    help="with --suite: also time each winner with each tuned knob put back to its default")
     p.add_argument("-o", "--output", help="with --suite: Markdown file to write (and a .json beside it)")
+    p.add_argument("--api", action="store_true",
+                   help="host us per call of tuner.attention, its torch op and SDPA, and eager vs kernel TFLOPS, on a "
+                        "few shapes (or the one the problem flags give); needs PyTorch")
+    p.add_argument("--tuned", help="with --api --config auto: a dispatch .json, suite file or storage URL")
     p.add_argument("--gpu", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 

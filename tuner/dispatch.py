@@ -149,7 +149,7 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         "// Tuned configs, sorted by (dtype, head_dim, causal, seqlen).",
         "inline constexpr Entry kEntries[] = {",
     ]
-    for e, (_, _, _, _, config) in zip(fam.entries, table.entries):
+    for e, (_, _, _, _, config) in zip(fam.entries, table.entries, strict=True):
         c = e.chosen
         tflops = f"{c.tflops:.1f} TFLOPS" if c.tflops is not None else "? TFLOPS"
         speedup = f", {c.speedup_over_default:.2f}x default" if c.speedup_over_default is not None else ""

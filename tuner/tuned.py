@@ -218,18 +218,30 @@ _by_token: dict[tuple, TunedConfigs] = {}
 _suite_storage: dict[str, str] = {}  # suite file digest -> storage URL
 
 
+_sqlite_files: dict[str, str | None] = {}  # storage URL -> its SQLite file (None: a database server)
+
+
+def _sqlite_file(url: str) -> str | None:
+    if url not in _sqlite_files:
+        from sqlalchemy.engine import make_url
+
+        try:
+            parsed = make_url(url)
+        except Exception:  # noqa: BLE001 - an unparsable URL is reported when the storage is opened
+            return None
+        database = parsed.database
+        sqlite = parsed.get_backend_name() == "sqlite" and database and database != ":memory:"
+        _sqlite_files[url] = database if sqlite else None
+    return _sqlite_files[url]
+
+
 def _sqlite_signature(url: str) -> tuple | None:
     """The stat of a SQLite database file (None for a database server): it changes with every write."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - an unparsable URL is reported when the storage is opened
-        return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    database = _sqlite_file(url)
+    if database is None:
         return None
     try:
-        info = os.stat(parsed.database)
+        info = os.stat(database)
     except OSError:
         return ("missing",)
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)

@@ -13,8 +13,6 @@ import importlib
 import struct
 import types
 
-import pytest
-
 from tuner.devices import limits_for_arch
 from tuner.gpu import launch
 
@@ -59,10 +57,3 @@ def install(monkeypatch, stand_in: StandInGPU) -> None:
     monkeypatch.setattr(launch, "launch_kernel", stand_in.launch_kernel)
     monkeypatch.setattr(launch, "driver", types.SimpleNamespace(funcSetAttribute=lambda *a: None))
 
-
-@pytest.fixture
-def gpu(monkeypatch):
-    stand_in = StandInGPU()
-    install(monkeypatch, stand_in)
-    yield stand_in
-    ta.clear_cache()

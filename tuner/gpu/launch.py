@@ -22,13 +22,17 @@ from dataclasses import dataclass
 import cupy
 from cupy.cuda import driver
 
-from .tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, TmaError, box_rows
+from .tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
 
-__all__ = ["ABIS", "ArgBuffer", "Kernel", "Launcher", "Operand", "Shape", "load_kernel"]
+__all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "Shape", "load_kernel"]
 
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 Operand = tuple[int, int, int, int]  # (device pointer, batch stride, row stride, head stride), strides in elements
+
+
+class LaunchError(ValueError):
+    """Arrays that do not fit a kernel's arguments (shapes, dtypes, layout)."""
 
 
 def launch_kernel(function_ptr: int, grid: tuple[int, int, int], threads: int, smem_bytes: int, stream: int,
@@ -119,7 +123,7 @@ class TmaArgs:
         self._sizes = (shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
-        for slot, (ptr, batch_stride, row_stride, head_stride) in zip(self._slots, (q, k, v, o)):
+        for slot, (ptr, batch_stride, row_stride, head_stride) in zip(self._slots, (q, k, v, o), strict=True):
             slot.encode(ptr, batch_stride * 2, row_stride * 2, head_stride * 2)  # 16-bit elements
         self.buffer.pack_scalars(lse, *self._sizes, softmax_scale)
 
@@ -174,14 +178,14 @@ class Kernel:
         batch, seqlen_q, heads_q, head_dim = q.shape
         _, seqlen_k, heads_kv, _ = k.shape
         if o.shape != q.shape or v.shape != k.shape or k.shape[0] != batch or k.shape[3] != head_dim:
-            raise TmaError(f"shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}, o {o.shape}")
+            raise LaunchError(f"shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}, o {o.shape}")
         if heads_q % heads_kv:
-            raise TmaError(f"heads_kv {heads_kv} must divide heads_q {heads_q}")
+            raise LaunchError(f"heads_kv {heads_kv} must divide heads_q {heads_q}")
         if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != cupy.float32 or not lse.flags.c_contiguous:
-            raise TmaError(f"lse must be contiguous fp32 {(batch, heads_q, seqlen_q)}, got {lse.dtype} {lse.shape}")
+            raise LaunchError(f"lse must be contiguous fp32 {(batch, heads_q, seqlen_q)}, got {lse.dtype} {lse.shape}")
         for x in (q, k, v, o):
             if x.itemsize != 2 or x.strides[3] != 2:
-                raise TmaError(f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides "
+                raise LaunchError(f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides "
                                f"{x.strides}")
         shape = Shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
                       "fp16" if q.dtype == cupy.float16 else "bf16")
