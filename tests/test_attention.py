@@ -14,6 +14,7 @@ import importlib
 import os
 import pathlib
 import shutil
+import struct
 import time
 
 import pytest
@@ -117,6 +118,27 @@ def test_host_time_of_the_python_part_is_small(gpu):
             tuner.attention(q, k, v)
         rounds.append((time.perf_counter_ns() - start) / 200 / 1e3)
     assert min(rounds) < 200, f"{min(rounds):.1f} us per call"
+
+
+def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
+    """Family sm90 (ABI sm90_tma): each map gets the tensor's address, shape and byte strides."""
+    from tests.fakes.standin_launch import fake_tensor_map_encoder
+    from tuner.gpu import tma
+
+    gpu = StandInGPU(abi="sm90_tma")
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
+    packed = torch.randn(2, 300, 2, 8, 128, dtype=torch.bfloat16)
+    q = packed[:, :, 1]  # a strided view
+    k, v = (torch.randn(2, 200, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    o, lse = tuner.attention(q, k, v, causal=True, family="sm90", return_lse=True, softmax_scale=0.5)
+    maps = [struct.unpack("=13Q", raw[:104]) for raw in gpu.last["args"][:4]]
+    for words, t in zip(maps, (q, k, v, o), strict=True):
+        b, n, h, d = t.shape
+        assert words[0] == tma.CU_TENSOR_MAP_DATA_TYPE["bf16"] and words[1] == t.data_ptr()
+        assert words[2:6] == (d, n, h, b)
+        assert words[6:9] == (2 * t.stride(1), 2 * t.stride(2), 2 * t.stride(0))  # row, head, batch (bytes)
+    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5]
 
 
 # -- files that change while the process runs ---------------------------------------------------------

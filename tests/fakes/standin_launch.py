@@ -17,13 +17,27 @@ from tuner.devices import limits_for_arch
 from tuner.gpu import launch
 
 ta = importlib.import_module("tuner.attention")
+
+
+def fake_tensor_map_encoder(address, dtype, rank, ptr, dims, strides, box, element_strides, *flags) -> int:
+    """A stand-in for cuTensorMapEncodeTiled (called with plain ints): writes (dtype, ptr, dims, byte strides,
+    box) into the 128-byte map."""
+    words = [dtype, ptr, *(ctypes.c_uint64 * 4).from_address(dims), *(ctypes.c_uint64 * 3).from_address(strides),
+             *(ctypes.c_uint32 * 4).from_address(box)]
+    ctypes.memmove(address, struct.pack("=13Q", *words) + bytes(128 - 13 * 8), 128)
+    return 0
 H200 = limits_for_arch(90)
 
 
 class StandInGPU:
-    """Records each launch: function, geometry, stream, and the decoded ``flat`` arguments."""
+    """Records each launch: function, geometry, stream, and the arguments decoded for ``abi``."""
 
-    def __init__(self) -> None:
+    #: the arguments each ABI's kernel reads (struct formats; a tensor map is 128 bytes)
+    FORMATS = {"flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
+               "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"]}
+
+    def __init__(self, abi: str = "flat") -> None:
+        self.abi = abi
         self.launches: list[dict] = []
         self.loaded: list[dict] = []
 
@@ -32,8 +46,8 @@ class StandInGPU:
         return types.SimpleNamespace(ptr=0xF00D + len(self.loaded))
 
     def launch_kernel(self, function_ptr, grid, threads, smem_bytes, stream, params_address):
-        pointers = (ctypes.c_void_p * 23).from_address(params_address)
-        formats = ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"]
+        formats = self.FORMATS[self.abi]
+        pointers = (ctypes.c_void_p * len(formats)).from_address(params_address)
         args = [struct.unpack("=" + f, ctypes.string_at(pointers[i], struct.calcsize("=" + f)))[0]
                 for i, f in enumerate(formats)]
         self.launches.append({"function": function_ptr, "grid": grid, "threads": threads, "smem_bytes": smem_bytes,
