@@ -8,6 +8,8 @@ stores trials in an Optuna database; :mod:`tuner.retime` picks the winner.
 
 __version__ = "0.1.0"
 
+import sys  # noqa: E402
+
 from .attention import attention  # noqa: E402  (GPU modules are imported on the first call)
 from .devices import DeviceLimits, limits_for_arch  # noqa: E402
 from .errors import FlashtuneError  # noqa: E402
@@ -16,3 +18,8 @@ from .space import Space, load_space  # noqa: E402
 
 __all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", "attention", "limits_for_arch",
            "load_space"]
+
+if "torch" in sys.modules:  # PyTorch is loaded already: register torch.ops.flashtune.attention (tuner.torch_op)
+    from .attention import register_torch_op  # noqa: E402
+
+    register_torch_op()

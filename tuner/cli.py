@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .devices import KNOWN_ARCHS, DeviceLimits, gpu_unavailable, limits_for_arch, missing_driver
+from .devices import KNOWN_ARCHS, gpu_unavailable, limits_for_arch, missing_driver
 from .errors import FlashtuneError, UsageError
 from .problem import DTYPES, Problem
 from .text import printable
@@ -331,8 +331,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench, study_for_bench
     from .space import load_space
 
+    if args.api:
+        return _bench_api(args)
     if args.suite:
         return _bench_suite(args)
+    if args.tuned:
+        raise UsageError("--tuned goes with --api --config auto")
     if args.ablate or args.output:
         raise UsageError("--ablate and --output go with --suite")
     if args.study:
@@ -349,6 +353,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     worker, info = _start_worker(args.gpu)
     with worker:
         run_bench(worker, info, family, problem, config=config, out=sys.stdout)
+    return 0
+
+
+def _bench_api(args: argparse.Namespace) -> int:
+    """``bench --api``: host time per call and eager vs kernel TFLOPS of tuner.attention, its op and SDPA."""
+    from pathlib import Path
+
+    from .bench_api import DEFAULT_SHAPES, run_api_bench
+
+    if args.suite or args.study or args.ablate or args.output:
+        raise UsageError("--api times tuner.attention in this process on its own shapes; drop --suite, --study, "
+                         "--ablate and -o")
+    shape_flags = [f for f in _explicit_problem_flags(args) if f != "--family"]
+    problems = [_problem(args)] if shape_flags else list(DEFAULT_SHAPES)
+    config = args.config
+    if config and config != "auto" and not (config.endswith(".h") or Path(config).is_file()):
+        config = _parse_config(config)
+    if (config == "auto") != bool(args.tuned):
+        raise UsageError("--config auto and --tuned (a dispatch .json, suite file or storage URL) go together")
+    run_api_bench(problems, family=args.family, config=config or None, tuned=args.tuned, device=args.gpu,
+                  out=sys.stdout)
     return 0
 
 
@@ -436,16 +461,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .dispatch import export_dispatch
+    from .dispatch import collect_dispatch
     from .export import export_study
-    from .output import check_output_path, write_text
+    from .output import check_output_path, is_stream, write_text
 
     if args.output:
         check_output_path(args.output)
     if args.dispatch:
         if not args.study and not args.suite:
             raise UsageError("--dispatch needs --study PATTERN (a glob over study names) and/or --suite FILE")
-        text = export_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
+        if args.output and args.output.endswith(".json"):
+            raise UsageError(f"-o {args.output}: -o names the header; its JSON is written beside it (name.json)")
+        selection = collect_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
+        text = selection.header()
+        if args.output and not is_stream(args.output):  # the tables for tuner.attention(config="auto", tuned=...)
+            json_path = check_output_path(check_output_path(args.output).with_suffix(".json"))
+            print(f"wrote {printable(write_text(selection.json(), json_path), 200)}", file=sys.stderr)
     elif args.suite or not args.study:
         raise UsageError("export one study with --study NAME, or several with --dispatch (--study PATTERN, --suite FILE)")
     else:
@@ -537,12 +568,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time one config against PyTorch SDPA backends in one run")
     _add_problem(p)
     _add_storage(p)
-    p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults)")
+    p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults); with --api also "
+                                    "a header path or 'auto'")
     p.add_argument("--study", type=_study_name, help="take the config from this study's winner instead")
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
     p.add_argument("--ablate", action="store_true",
                    help="with --suite: also time each winner with each tuned knob put back to its default")
     p.add_argument("-o", "--output", type=_output, help="with --suite: Markdown file to write (and a .json beside it)")
+    p.add_argument("--api", action="store_true",
+                   help="host us per call of tuner.attention, its torch op and SDPA, and eager vs kernel TFLOPS, on a "
+                        "few shapes (or the one the problem flags give); needs PyTorch")
+    p.add_argument("--tuned", help="with --api --config auto: a dispatch .json, suite file or storage URL")
     p.add_argument("--gpu", type=_gpu_index, default=0, help="CUDA device index (default %(default)s)")
     p.set_defaults(func=cmd_bench)
 
@@ -564,7 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
     p.add_argument("--study", type=_study_name, help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
-    p.add_argument("--dispatch", action="store_true", help="one C++17 header that selects a config per shape")
+    p.add_argument("--dispatch", action="store_true",
+                   help="one C++17 header that selects a config per shape (with -o, and a .json beside it for "
+                        "tuner.attention(config='auto'))")
     p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
     _add_storage(p)
     p.add_argument("-o", "--output", type=_output, help="header file to write (default: standard output)")

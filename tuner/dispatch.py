@@ -19,10 +19,16 @@ A (dtype, head_dim, causal) that no study covered gets ``default_config(head_dim
 family's default config from its space file for that head dim (valid for every problem the
 family supports). Every value is re-validated through :func:`tuner.study.choose` before it is
 written.
+
+The same tables go into a JSON file beside the header (:func:`render_dispatch_json`), which
+``tuner.attention(config="auto", tuned="dispatch.json")`` reads; :class:`DispatchTable` holds
+one family's table (:class:`tuner.tuned.DispatchTable`, whose ``select`` is the header's
+``select()`` in Python).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -35,8 +41,10 @@ from .space import Space
 from .storage import mask_url
 from .study import ChosenConfig
 from .text import printable
+from .tuned import JSON_FORMAT, DispatchTable
 
-__all__ = ["DispatchEntry", "DispatchError", "DispatchFamily", "build_dispatch", "export_dispatch", "render_dispatch"]
+__all__ = ["DispatchEntry", "DispatchError", "DispatchFamily", "DispatchSelection", "build_dispatch",
+           "collect_dispatch", "export_dispatch", "render_dispatch", "render_dispatch_json"]
 
 
 class DispatchError(FlashtuneError, ValueError):
@@ -60,6 +68,16 @@ class DispatchEntry:
 class DispatchFamily:
     space: Space
     entries: tuple[DispatchEntry, ...]  # sorted by (dtype, head_dim, causal, seqlen)
+
+    def table(self) -> DispatchTable:
+        space = self.space
+        plain = space.defaults()
+        return DispatchTable(
+            family=space.name, knobs=tuple(k.name for k in space.knobs), default=plain,
+            head_dim_defaults=tuple((int(d), space.defaults(d)) for d in space.family.head_dims
+                                    if space.defaults(d) != plain),
+            entries=tuple((e.dtype, int(e.head_dim), bool(e.causal), int(e.seqlen), dict(e.chosen.config))
+                          for e in self.entries))
 
 
 def build_dispatch(chosen: Sequence[ChosenConfig]) -> list[DispatchFamily]:
@@ -98,6 +116,7 @@ def _config_literal(space: Space, config: dict[str, int]) -> str:
 def _render_family(fam: DispatchFamily) -> list[str]:
     space = fam.space
     ns = space.name
+    table = fam.table()
     lines = [
         f"// ---- family {ns}: {comment_text(space.family.description, 160)}",
         f"namespace {ns} {{",
@@ -120,19 +139,19 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         "};",
         "",
         f"// The family's default config (search_spaces/{ns}.toml): the fallback for shapes no study covered.",
-        f"inline constexpr Config kDefault = {_config_literal(space, space.defaults())};",
+        f"inline constexpr Config kDefault = {_config_literal(space, table.default)};",
         "",
         "// The default for a head dim: kDefault, unless the space file gives that head dim its own.",
         "constexpr Config default_config(int head_dim) noexcept {",
-        *(f"  if (head_dim == {int(d)}) return Config{_config_literal(space, space.defaults(d))};"
-          for d in space.family.head_dims if space.defaults(d) != space.defaults()),
+        *(f"  if (head_dim == {int(d)}) return Config{_config_literal(space, config)};"
+          for d, config in table.head_dim_defaults),
         "  return kDefault;",
         "}",
         "",
         "// Tuned configs, sorted by (dtype, head_dim, causal, seqlen).",
         "inline constexpr Entry kEntries[] = {",
     ]
-    for e in fam.entries:
+    for e, (_, _, _, _, config) in zip(fam.entries, table.entries, strict=True):
         c = e.chosen
         tflops = f"{c.tflops:.1f} TFLOPS" if c.tflops is not None else "? TFLOPS"
         speedup = f", {c.speedup_over_default:.2f}x default" if c.speedup_over_default is not None else ""
@@ -140,7 +159,7 @@ def _render_family(fam: DispatchFamily) -> list[str]:
                      f"batch {c.problem.batch} heads {c.problem.heads_q}/{c.problem.heads_kv} "
                      f"seqlen_k {c.problem.seqlen_k}")
         lines.append(f"    {{DType::{e.dtype}, {int(e.head_dim)}, {_cpp_bool(e.causal)}, {int(e.seqlen)}, "
-                     f"{_config_literal(space, c.config)}}},")
+                     f"{_config_literal(space, config)}}},")
     lines += [
         "};",
         "inline constexpr int kNumEntries = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));",
@@ -212,13 +231,61 @@ def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sou
     return "\n".join(lines)
 
 
-def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
-                    now: datetime | None = None, log=None) -> str:
-    """``flashtune export --dispatch``: the header over the studies a glob ``pattern`` and/or a suite select.
+def render_dispatch_json(families: Sequence[DispatchFamily], *, storage_url: str, sources: str = "",
+                         not_covered: Sequence[str] = (), now: datetime | None = None) -> str:
+    """The JSON written beside the dispatch header: the same tables, for ``config="auto"`` (:mod:`tuner.tuned`)."""
+    now = now or datetime.now(timezone.utc)
+    entries = [e for f in families for e in f.entries]
+    studies = [{"family": f.space.name, "dtype": e.dtype, "head_dim": e.head_dim, "causal": e.causal,
+                "seqlen": e.seqlen, "study": e.chosen.study_name, "tflops": e.chosen.tflops,
+                "speedup_over_default": e.chosen.speedup_over_default} for f in families for e in f.entries]
+    document = {
+        "format": JSON_FORMAT,
+        "generator": f"flashtune {__version__}",
+        "exported": now.isoformat(timespec="seconds"),
+        "gpu": entries[0].chosen.gpu_name if entries else "",
+        "storage": mask_url(storage_url),
+        "sources": sources,
+        "not_covered": list(not_covered),
+        "families": [f.table().to_json() for f in families],
+        "studies": studies,  # what each entry was measured at; not read by tuner.attention
+    }
+    return json.dumps(document, indent=1, allow_nan=False) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchSelection:
+    """The studies ``export --dispatch`` puts in a header, and what it says about the rest."""
+
+    families: list[DispatchFamily]
+    storage_url: str
+    sources: str
+    not_covered: list[str]
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.storage_url)
+
+    @property
+    def gpu(self) -> str:
+        return next((e.chosen.gpu_name for f in self.families for e in f.entries), "")
+
+    def header(self, now: datetime | None = None) -> str:
+        return render_dispatch(self.families, storage_url=self.storage_url, sources=self.sources,
+                               not_covered=self.not_covered, now=now)
+
+    def json(self, now: datetime | None = None) -> str:
+        return render_dispatch_json(self.families, storage_url=self.storage_url, sources=self.sources,
+                                    not_covered=self.not_covered, now=now)
+
+
+def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
+                     log=None) -> DispatchSelection:
+    """The studies a glob ``pattern`` and/or a suite select, each checked through :func:`tuner.export.choose`.
 
     With a suite, its ``storage`` is used unless ``storage_url`` is given; suite problems without
     a study, and selected studies that cannot be exported (no successful trial yet, knobs changed
-    since), are listed in the header (their shapes get the default config) and on ``log``.
+    since), are listed in ``not_covered`` (their shapes get the default config) and on ``log``.
     """
     import sys
 
@@ -255,5 +322,12 @@ def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suit
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"
-    return render_dispatch(build_dispatch(chosen), storage_url=storage_url, sources=sources, not_covered=not_covered,
-                           now=now)
+    return DispatchSelection(families=build_dispatch(chosen), storage_url=storage_url, sources=sources,
+                             not_covered=not_covered)
+
+
+def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
+                    now: datetime | None = None, log=None) -> str:
+    """``flashtune export --dispatch``: the header over the studies a glob ``pattern`` and/or a suite select
+    (:func:`collect_dispatch`)."""
+    return collect_dispatch(storage_url, pattern=pattern, suite_path=suite_path, log=log).header(now)

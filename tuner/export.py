@@ -14,13 +14,13 @@ match), every number is re-formatted from a Python ``int``/``float``, and free t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__
 from .output import check_output_path, write_text
-from .space import Config, ConfigError, Space
+from .problem import Problem
+from .space import Config, Space
 from .storage import mask_url
 from .study import ChosenConfig, StudyError, choose, load_flashtune_study
 
@@ -37,8 +37,6 @@ __all__ = [
     "write_text",
 ]
 
-_DEFINE = re.compile(r"^\s*#\s*define\s+(FT_[A-Z0-9_]+)\s+\(?\s*(-?\d+)\s*\)?\s*(?://.*)?$")
-_FAMILY_DEFINE = re.compile(r'^\s*#\s*define\s+FLASHTUNE_FAMILY\s+"([a-z][a-z0-9_]*)"\s*$')
 
 #: a study cannot be exported (unknown, not flashtune's, stale, empty), or a header cannot be read. The
 #: study checks live in :mod:`tuner.study` (:func:`choose`), so this is their error class under its old name.
@@ -147,27 +145,13 @@ def export_study(storage_url: str | None, name: str, *, now: datetime | None = N
     return render_header(choose(study), storage_url=storage_url, now=now)
 
 
-def read_header(path: str | Path, space: Space) -> Config:
-    """The knob values of a header written by :func:`render_header`, validated against ``space``."""
-    path = Path(path)
+def read_header(path: str | Path, space: Space, problem: Problem | None = None) -> Config:
+    """The knob values of a header written by :func:`render_header`, validated against ``space``; with
+    ``problem``, the header must have been made for its head dim, dtype and mask (:mod:`tuner.header`)."""
+    from .header import HeaderError
+    from .header import read_header as read
+
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ExportError(f"cannot read config header {path}: {e.strerror or e}") from None
-    values: dict[str, int] = {}
-    family = None
-    for line in text.splitlines():
-        if (m := _FAMILY_DEFINE.match(line)) is not None:
-            family = m.group(1)
-        elif (m := _DEFINE.match(line)) is not None:
-            values[m.group(1)] = int(m.group(2))
-    if family is not None and family != space.name:
-        raise ExportError(f"{path} is a config of family {family!r}, not {space.name!r}")
-    by_macro: Mapping[str, str] = {k.macro: k.name for k in space.knobs}
-    config = {by_macro[m]: v for m, v in values.items() if m in by_macro}
-    if not config:
-        raise ExportError(f"{path} defines none of the {space.name} knob macros ({', '.join(by_macro)})")
-    try:
-        return space.validate(config)
-    except ConfigError as e:
-        raise ExportError(f"{path}: {e}") from None
+        return read(path, space, problem)
+    except HeaderError as e:
+        raise ExportError(str(e)) from None

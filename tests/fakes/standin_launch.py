@@ -1,0 +1,73 @@
+"""A stand-in for the GPU under ``tuner.attention``'s cached path (tests/test_attention.py, tests/test_tuned.py).
+
+PyTorch CPU tensors count as tensors of CUDA device 0; the device limits are an H200's
+(nominal table); the compiled kernel function is a fake handle; ``cuLaunchKernel`` records
+what it was asked to launch and decodes the ``flat`` arguments (family sm80).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import struct
+import types
+
+from tuner.devices import limits_for_arch
+from tuner.gpu import launch
+
+ta = importlib.import_module("tuner.attention")
+
+
+def fake_tensor_map_encoder(address, dtype, rank, ptr, dims, strides, box, element_strides, *flags) -> int:
+    """A stand-in for cuTensorMapEncodeTiled (called with plain ints): writes (dtype, ptr, dims, byte strides,
+    box) into the 128-byte map."""
+    words = [dtype, ptr, *(ctypes.c_uint64 * 4).from_address(dims), *(ctypes.c_uint64 * 3).from_address(strides),
+             *(ctypes.c_uint32 * 4).from_address(box)]
+    ctypes.memmove(address, struct.pack("=13Q", *words) + bytes(128 - 13 * 8), 128)
+    return 0
+H200 = limits_for_arch(90)
+
+
+class StandInGPU:
+    """Records each launch: function, geometry, stream, and the arguments decoded for ``abi``."""
+
+    #: the arguments each ABI's kernel reads (struct formats; a tensor map is 128 bytes)
+    FORMATS = {"flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
+               "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"]}
+
+    def __init__(self, abi: str = "flat") -> None:
+        self.abi = abi
+        self.launches: list[dict] = []
+        self.loaded: list[dict] = []
+
+    def load_function(self, space, config, problem, device, device_id):
+        self.loaded.append({"family": space.name, "config": dict(config), "problem": problem})
+        return types.SimpleNamespace(ptr=0xF00D + len(self.loaded))
+
+    def launch_kernel(self, function_ptr, grid, threads, smem_bytes, stream, params_address):
+        formats = self.FORMATS[self.abi]
+        pointers = (ctypes.c_void_p * len(formats)).from_address(params_address)
+        args = [struct.unpack("=" + f, ctypes.string_at(pointers[i], struct.calcsize("=" + f)))[0]
+                for i, f in enumerate(formats)]
+        self.launches.append({"function": function_ptr, "grid": grid, "threads": threads, "smem_bytes": smem_bytes,
+                              "stream": stream, "args": args})
+
+    @property
+    def last(self) -> dict:
+        return self.launches[-1]
+
+
+def install(monkeypatch, stand_in: StandInGPU) -> None:
+    """Put ``stand_in`` under tuner.attention for the rest of the test (and start with an empty plan cache)."""
+    ta.clear_cache()
+    monkeypatch.setattr(ta, "_torch_device", lambda t: 0)
+    monkeypatch.setattr(ta, "_torch_stream", lambda torch, device: 0x5EA)
+    monkeypatch.setattr(ta, "_torch_capturing", lambda torch: False)
+    monkeypatch.setattr(ta, "_device_limits", lambda device_id: H200)
+    monkeypatch.setattr(ta, "_load_function", stand_in.load_function)
+    monkeypatch.setattr(ta, "_select_device", lambda device_id: contextlib.nullcontext())
+    monkeypatch.setattr(ta, "_current_context", lambda: 0xC0)
+    monkeypatch.setattr(launch, "launch_kernel", stand_in.launch_kernel)
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(funcSetAttribute=lambda *a: None))
+
