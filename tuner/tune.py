@@ -268,11 +268,16 @@ class TuneLoop:
         n = self.settings.n_trials
         if n is None:
             return True
-        if n - self.state.evaluated - self.state.running <= self.settings.window:
-            # near the target other tuners' trials decide: read the study before each new trial
+        if self._near_target():  # other tuners' trials decide now: read the study before each new trial
             self._timed_storage(lambda: self.state.refresh(self.study, self.search), "reading the study")
             self._last_refresh = time.monotonic()
         return self.state.evaluated + self.state.running < n
+
+    def _near_target(self) -> bool:
+        """Few trials left to the target (as last read): then the study is read each round and before each
+        new trial, so that tuners sharing it pass the target by at most about one trial each."""
+        n = self.settings.n_trials
+        return n is not None and n - self.state.evaluated - self.state.running <= max(32, 4 * self.settings.window)
 
     def _why_stopped(self) -> str:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -292,7 +297,7 @@ class TuneLoop:
         """Re-read the study; while configs are in flight, at most every ``refresh_interval_s`` (this
         process's own trials are accounted for locally meanwhile)."""
         due = time.monotonic() - self._last_refresh >= self.settings.refresh_interval_s
-        if due or not self.held.compiling:
+        if due or not self.held.compiling or self._near_target():
             self._timed_storage(lambda: self.state.refresh(self.study, self.search), "reading the study")
             self._last_refresh = time.monotonic()
 
