@@ -71,6 +71,18 @@ def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
     assert len(gpu.loaded) == 1  # one plan for both calls
 
 
+def test_calls_that_do_not_return_the_lse_share_one_buffer_for_it(gpu):
+    q, k, v = qkv()
+    tuner.attention(q, k, v)
+    scratch = gpu.last["args"][4]
+    tuner.attention(q, k, v)
+    assert gpu.last["args"][4] == scratch  # no allocation for an LSE nobody reads
+    _, lse = tuner.attention(q, k, v, return_lse=True)
+    assert gpu.last["args"][4] == lse.data_ptr() != scratch  # a returned LSE is the caller's own
+    _, lse2 = tuner.attention(q, k, v, return_lse=True)
+    assert lse2.data_ptr() != lse.data_ptr() or lse2 is not lse
+
+
 def test_views_are_passed_by_pointer_and_unaddressable_ones_copied(gpu):
     packed = torch.randn(2, 256, 2, 4, 128, dtype=torch.bfloat16)
     q = packed[:, :, 0]  # strided view, 16-byte multiples: read in place

@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,9 @@ class _Plan:
     default_scale: float
     config: Config
     problem: Problem
+    # an LSE buffer per library ("torch", "cupy") for calls that do not return it: the kernel always writes
+    # one, and not allocating it saves host time per call (several streams may write it at once: nobody reads it)
+    scratch_lse: dict[str, Any] = field(default_factory=dict)
 
     def launch(self, stream: int, q, k, v, o, lse: int, scale: float) -> None:
         if _current_context() == self.context:
@@ -347,7 +350,7 @@ def _torch_operand(torch, x):
     return x, (ptr, stride[0], stride[1], stride[2])
 
 
-def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned):
+def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
     tensor = torch.Tensor
     if not (isinstance(k, tensor) and isinstance(v, tensor)):
         raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
@@ -370,10 +373,14 @@ def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config
     k, ka = _torch_operand(torch, k)
     v, va = _torch_operand(torch, v)
     o = q.new_empty(q.shape)
-    lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+    lse = plan.scratch_lse.get("torch") if not want_lse else None
+    if lse is None:
+        lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+        if not want_lse and not _torch_capturing(torch):  # an allocation made inside a capture is the graph's
+            plan.scratch_lse["torch"] = lse
     scale = plan.default_scale if softmax_scale is None else float(softmax_scale)
     plan.launch(_torch_stream(torch, device), qa, ka, va, (o.data_ptr(), *plan.o_strides), lse.data_ptr(), scale)
-    return o, lse
+    return o, (lse if want_lse else None)
 
 
 # -- CuPy arrays --------------------------------------------------------------------------------------
@@ -397,7 +404,7 @@ def _cupy_operand(x):
     return x, (ptr, strides[0] // 2, strides[1] // 2, strides[2] // 2)
 
 
-def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned):
+def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
     import cupy
 
     if not all(isinstance(x, cupy.ndarray) for x in (q, k, v)):
@@ -420,11 +427,15 @@ def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned)
         k, ka = _cupy_operand(k if k.dtype == cupy.float16 else k.view(cupy.uint16))
         v, va = _cupy_operand(v if v.dtype == cupy.float16 else v.view(cupy.uint16))
         o = cupy.empty(q.shape, dtype=q.dtype)
-        lse = cupy.empty(plan.lse_shape, dtype=cupy.float32)
+        lse = plan.scratch_lse.get("cupy") if not want_lse else None
+        if lse is None:
+            lse = cupy.empty(plan.lse_shape, dtype=cupy.float32)
+            if not want_lse and not cupy.cuda.get_current_stream().is_capturing():
+                plan.scratch_lse["cupy"] = lse
         scale = plan.default_scale if softmax_scale is None else float(softmax_scale)
         plan.launch(cupy.cuda.get_current_stream().ptr, qa, ka, va, (o.data.ptr, *plan.o_strides), lse.data.ptr,
                     scale)
-    return o, lse
+    return o, (lse if want_lse else None)
 
 
 # -- the function ---------------------------------------------------------------------------------------
@@ -460,7 +471,7 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        o, lse = _torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned)
+        o, lse = _torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
     else:
-        o, lse = _cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned)
+        o, lse = _cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
     return (o, lse) if return_lse else o
