@@ -79,8 +79,6 @@ def test_calls_that_do_not_return_the_lse_share_one_buffer_for_it(gpu):
     assert gpu.last["args"][4] == scratch  # no allocation for an LSE nobody reads
     _, lse = tuner.attention(q, k, v, return_lse=True)
     assert gpu.last["args"][4] == lse.data_ptr() != scratch  # a returned LSE is the caller's own
-    _, lse2 = tuner.attention(q, k, v, return_lse=True)
-    assert lse2.data_ptr() != lse.data_ptr() or lse2 is not lse
 
 
 def test_views_are_passed_by_pointer_and_unaddressable_ones_copied(gpu):
