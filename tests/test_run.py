@@ -90,3 +90,29 @@ def test_a_family_that_cannot_run_on_the_gpu_is_refused_before_a_study_exists(tm
         prepare_study(spec, info)
     assert fragment in str(e.value)
     assert not optuna.get_all_study_summaries(open_storage(spec.storage_url))
+
+
+def test_a_suite_on_two_gpus_tunes_each_study_on_one_of_them_with_one_worker_each(tmp_path, capfd):
+    """tune_suite: studies shared out over the GPUs, each GPU's worker process started once for all its studies,
+    every study tuned to its target and re-timed, rerunning skips what is finished."""
+    from tuner.run import tune_suite
+    from tuner.suite import is_finished, load_suite, suite_studies
+
+    path = tmp_path / "mini.toml"
+    path.write_text('family = "sm80"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\nhead_dim = 128\nheads = 8\n'
+                    "seqlen = [512, 1024]\nbatch = 2\n")
+    suite = load_suite(path)
+    infos = gpu_infos([0, 1], handler=HANDLER)
+    base = _spec(tmp_path, n_trials=6)
+    tune_suite(suite, base, [0, 1], infos, top_k=2, rounds=1)
+    err = capfd.readouterr().err
+    storage = open_storage(base.storage_url)
+    names = [entry.studies for entry in suite_studies(storage, suite)]
+    assert all(len(n) == 1 for n in names) and len(names) == 4
+    for (name,) in names:
+        assert is_finished(storage, name, 6)
+        assert err.count(f"study {name}\n") == 1  # tuned by one GPU
+    assert err.count("[gpu 0] ") and err.count("[gpu 1] ")
+    assert err.count("worker restarts") == 4  # one summary line per study
+    tune_suite(suite, base, [0, 1], infos, top_k=2, rounds=1)
+    assert capfd.readouterr().err.count("is finished, skipped") == 4

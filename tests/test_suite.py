@@ -184,20 +184,31 @@ def fake_gpu_run(monkeypatch):
 
     runs: list[str] = []
 
-    def run_on_gpus(spec, gpus, infos):
+    def run_on_gpu(spec, gpu, label="", *, worker=None, pool=None):
         runs.append(spec.study_name)
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         fill_study(study, load_space(spec.family), spec.problem, n_trials=spec.settings.n_trials, seed=len(runs),
                    failures=False)
         return []
 
-    def retime_winner(spec, gpu, *, top_k, rounds):
+    class NoWorker:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def retime_winner(spec, gpu, *, top_k, rounds, worker=None):
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         set_winner(study, load_space(spec.family), spec.problem)
         return study
 
     monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [dict(H200_INFO) for _ in gpus])
-    monkeypatch.setattr(tuner.run, "run_on_gpus", run_on_gpus)
+    monkeypatch.setattr(tuner.run, "run_on_gpu", run_on_gpu)
+    monkeypatch.setattr(tuner.run, "Worker", NoWorker)
     monkeypatch.setattr(tuner.run, "retime_winner", retime_winner)
     return runs
 

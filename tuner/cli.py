@@ -424,10 +424,13 @@ def _tune_suite(args: argparse.Namespace) -> int:
                    sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
     _validate_early(base)
     gpus = _gpus(args.gpus)
-    codes: list[int] = []
-    tune_suite(suite, base, gpus, _gpu_infos(gpus), top_k=args.top_k, rounds=args.rounds,
-               on_done=lambda study: codes.append(_print_best(study, as_json=False)))
-    return max(codes, default=0)
+    tune_suite(suite, base, gpus, _gpu_infos(gpus), top_k=args.top_k, rounds=args.rounds, on_done=_print_winner)
+    return 0
+
+
+def _print_winner(study) -> None:
+    """What a suite prints for each study it finished (module level: a suite's GPU processes pickle it)."""
+    _print_best(study, as_json=False)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

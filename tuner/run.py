@@ -8,6 +8,8 @@ storage, so a study can take any number of hosts on a shared PostgreSQL database
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -32,7 +34,7 @@ from .space import Config, Space, available_families, load_space
 from .storage import mask_url, open_storage, retrying
 from .suite import Suite
 from .text import printable
-from .tune import TuneSettings, TuneSummary, tune
+from .tune import TuneSettings, TuneSummary, compile_pool, tune
 from .worker import Worker, WorkerError
 
 __all__ = ["RunSpec", "gpu_infos", "prepare_study", "retime_winner", "run_on_gpus", "spec_from_study", "tune_suite",
@@ -148,15 +150,17 @@ def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None =
                    settings=dataclasses.replace(base, n_trials=target))
 
 
-def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int) -> optuna.Study:
-    """Re-time the study's best ``top_k`` configs and the default on ``gpu`` (``top_k`` 0: none); the
-    winner is stored on the study. Returns the study."""
+def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int, worker: Worker | None = None) -> optuna.Study:
+    """Re-time the study's best ``top_k`` configs and the default on ``gpu`` (``top_k`` 0: none), with
+    ``worker`` when given (else one of its own); the winner is stored on the study. Returns the study."""
     from .retime import retime_top
 
     study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
     if top_k > 0:
         print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
-        with Worker(device=gpu, handler=spec.handler) as worker:
+        with contextlib.ExitStack() as stack:
+            if worker is None:
+                worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))
             device = DeviceLimits.from_info(worker.call("device_info", timeout_s=120))
             timeout = spec.settings.trial_timeout_s
             retime_top(study, load_space(spec.family), spec.problem, device,
@@ -166,34 +170,92 @@ def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int) -> optuna
 
 
 def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, top_k: int,
-               rounds: int, on_done: Callable[[optuna.Study], Any] = lambda study: None) -> None:
+               rounds: int, on_done: Callable[[optuna.Study], Any] | None = None) -> None:
     """Tune every problem of ``suite`` as one ``flashtune tune`` would (``base`` gives storage, sampler, seed
-    and settings), skipping finished studies, so that rerunning resumes. A new study starts from the
-    winners of the nearest shapes already tuned (:func:`warm_start_configs`), enqueued after the default."""
+    and settings), skipping finished studies, so that rerunning resumes, and re-time each winner. Each GPU
+    keeps one measuring process and one compile pool for all its studies; with several GPUs the studies
+    are shared out, one GPU per study, in suite order. A new study starts from the winners of the nearest
+    shapes already tuned (:func:`warm_start_configs`), enqueued after the default. ``on_done`` gets each
+    finished study (with several GPUs, in the GPU's process: it must be picklable)."""
     from .suite import is_finished
 
     space = load_space(suite.family)
     storage = _open(base.storage_url)
     device = DeviceLimits.from_info(infos[0])
+    todo: list[tuple[str, Problem]] = []
     for i, problem in enumerate(suite.problems, 1):
-        spec = dataclasses.replace(base, family=suite.family, problem=problem, study_name="")
         name = st.default_study_name(space, device.arch, str(infos[0]["name"]), problem)
         head = f"suite {suite.name} [{i}/{len(suite.problems)}] {problem.slug()}"
         if is_finished(storage, name, base.settings.n_trials):
             print(f"{head}: study {name} is finished, skipped", file=sys.stderr)
-            continue
-        print(f"{head}: study {name}", file=sys.stderr)
-        spec = prepare_study(spec, infos[0])
-        study = optuna.load_study(study_name=spec.study_name, storage=storage)
-        if not study.user_attrs.get(st.WARM_START):  # once per study, however often the suite is rerun
-            starts = warm_start_configs(storage, space, problem, device, str(infos[0]["name"]))
-            for source, config in starts:
-                study.enqueue_trial(config, user_attrs={st.WARM_START: source})
-            study.set_user_attr(st.WARM_START, [source for source, _ in starts] or ["none"])
-            if starts:
-                print(f"{head}: starts from the winners of {', '.join(s for s, _ in starts)}", file=sys.stderr)
-        run_on_gpus(spec, gpus, infos)
-        on_done(retime_winner(spec, gpus[0], top_k=top_k, rounds=rounds))
+        else:
+            todo.append((head, problem))
+    base = dataclasses.replace(base, family=suite.family, study_name="")
+    if len(gpus) == 1:
+        _suite_on_gpu(base, todo, gpus[0], infos[0], top_k, rounds, on_done, label="")
+        return
+    share = max(1, base.settings.compile_workers // len(gpus))
+    per_gpu = dataclasses.replace(base, settings=dataclasses.replace(base.settings, compile_workers=share))
+    ctx = mp.get_context("spawn")
+    processes = [ctx.Process(target=_suite_process, name=f"flashtune-suite-gpu-{g}",
+                             args=(per_gpu, todo[i::len(gpus)], g, info, top_k, rounds, on_done, f"[gpu {g}] "))
+                 for i, (g, info) in enumerate(zip(gpus, infos))]
+    for p in processes:
+        p.start()
+    try:
+        for p in processes:
+            p.join()
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+    failed = [g for g, p in zip(gpus, processes) if p.exitcode != 0]
+    if failed:
+        raise UsageError(f"the suite process of GPU(s) {failed} failed (see its messages above); finished trials "
+                         "are stored: rerun the same command to resume")
+
+
+def _suite_process(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info: dict[str, Any], top_k: int,
+                   rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str) -> None:
+    try:
+        _suite_on_gpu(base, todo, gpu, info, top_k, rounds, on_done, label)
+    except Exception as e:  # noqa: BLE001 - reported here, counted as a failure by the parent
+        print(f"{label}error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info: dict[str, Any], top_k: int,
+                  rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str) -> None:
+    """The studies ``todo`` on one GPU, with one measuring process and one compile pool for all of them."""
+    space = load_space(base.family)
+    storage = _open(base.storage_url)
+    device = DeviceLimits.from_info(info)
+    with Worker(device=gpu, handler=base.handler) as worker, _shared_pool(base.settings) as pool:
+        for head, problem in todo:
+            spec = prepare_study(dataclasses.replace(base, problem=problem), info)
+            print(f"{label}{head}: study {spec.study_name}", file=sys.stderr)
+            study = optuna.load_study(study_name=spec.study_name, storage=storage)
+            if not study.user_attrs.get(st.WARM_START):  # once per study, however often the suite is rerun
+                starts = warm_start_configs(storage, space, problem, device, str(info["name"]))
+                for source, config in starts:
+                    study.enqueue_trial(config, user_attrs={st.WARM_START: source})
+                study.set_user_attr(st.WARM_START, [source for source, _ in starts] or ["none"])
+                if starts:
+                    print(f"{label}{head}: starts from the winners of {', '.join(s for s, _ in starts)}",
+                          file=sys.stderr)
+            run_on_gpu(spec, gpu, label, worker=worker, pool=pool)
+            study = retime_winner(spec, gpu, top_k=top_k, rounds=rounds, worker=worker)
+            if on_done is not None:
+                on_done(study)
+
+
+@contextlib.contextmanager
+def _shared_pool(settings: TuneSettings):
+    pool = compile_pool(settings)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> list[TuneSummary]:
@@ -240,21 +302,25 @@ def _gpu_process(spec: RunSpec, gpu: int, label: str, results) -> None:
         raise SystemExit(1) from None
 
 
-def run_on_gpu(spec: RunSpec, gpu: int, label: str = "") -> TuneSummary:
-    """One GPU's tuning loop: its own storage connection, sampler, GPU worker and compile pool."""
+def run_on_gpu(spec: RunSpec, gpu: int, label: str = "", *, worker: Worker | None = None,
+               pool: cf.Executor | None = None) -> TuneSummary:
+    """One GPU's tuning loop: its own storage connection and search; the GPU worker and compile pool given
+    (a suite shares them across its studies), else its own."""
     space = load_space(spec.family)
     storage = _open(spec.storage_url)
     seed = None if spec.seed is None else spec.seed + 7919 * gpu + _host_salt()
     study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage), what="loading the study")
     module, _, function = spec.compiler.partition(":")
     compiler = getattr(importlib.import_module(module), function)
-    with Worker(device=gpu, handler=spec.handler) as worker:
+    with contextlib.ExitStack() as stack:
+        if worker is None:
+            worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))
         info = worker.call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
         search = make_search(spec.sampler, space, spec.problem, device, seed)
         summary = tune(study, space, spec.problem, device, lambda job: worker.measure(job, timeout_s=timeout),
-                       spec.settings, search=search, compiler=compiler, progress=Progress(prefix=label))
+                       spec.settings, search=search, compiler=compiler, progress=Progress(prefix=label), pool=pool)
     s = search.stats
     print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
           f"{summary.failed} failed, {summary.explorations} explorations, {summary.duplicates} duplicate enqueued "

@@ -46,7 +46,7 @@ from .space import Config, Space, config_key
 from .storage import retrying, set_trial_user_attrs
 from .study import TrialStatus
 
-__all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
+__all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "compile_pool", "default_compile_workers", "tune"]
 
 
 def default_compile_workers() -> int:
@@ -211,7 +211,7 @@ class TuneLoop:
     def __init__(self, study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
                  measure: Callable[[MeasureJob], MeasureResult], settings: TuneSettings, *,
                  search: Search | None = None, compiler: Callable[..., CompileOutcome] = compile_outcome,
-                 progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 progress: Callable[[dict[str, Any]], None] | None = None, pool: cf.Executor | None = None) -> None:
         self.study, self.space, self.problem, self.device = study, space, problem, device
         self.measure, self.settings, self.compiler, self.progress = measure, settings, compiler, progress
         # by default the study's own sampler, run in memory (see tuner.search)
@@ -227,7 +227,8 @@ class TuneLoop:
                                               first_delay_s=settings.storage_retry_delay_s)
         self.start = time.monotonic()
         self.deadline = self.start + settings.timeout_s if settings.timeout_s is not None else None
-        self.pool = _compile_pool(settings)
+        self.own_pool = pool is None  # a pool given (a suite's, shared by its studies) stays open
+        self.pool = pool if pool is not None else compile_pool(settings)
         self._last_recovery = 0.0
         self._last_refresh = -math.inf
         self._nothing_to_propose = False
@@ -257,7 +258,7 @@ class TuneLoop:
             self._measure_next()
             return True
         if self._others_may_finish():
-            time.sleep(HEARTBEAT_INTERVAL_S)  # trials held elsewhere: they finish, or go stale and return
+            time.sleep(1.0)  # trials held elsewhere: they finish (or go stale and return): look again soon
             return True
         self.summary.stopped_because = self._why_stopped()
         return False
@@ -394,7 +395,8 @@ class TuneLoop:
             future = self.pool.submit(self.compiler, str(self.space.path), config, self.problem, self.device)
         except cf.process.BrokenProcessPool:  # a compile process was killed (OOM, say): renew the pool
             self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = _compile_pool(self.settings)
+            self.pool = compile_pool(self.settings)
+            self.own_pool = True
             future = self.pool.submit(self.compiler, str(self.space.path), config, self.problem, self.device)
         self.held.compiling.append(_Pending(trial, config, future, time.monotonic()))
         self.held.in_hand = None
@@ -510,17 +512,19 @@ class TuneLoop:
             _stop_cleanly(self.study, self.held.for_cleanup(), cleanup_call)
         for proposal in self.held.compiling:
             self.search.withdraw(proposal.config)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.own_pool:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
          measure: Callable[[MeasureJob], MeasureResult], settings: TuneSettings, *,
          search: Search | None = None, compiler: Callable[..., CompileOutcome] = compile_outcome,
-         progress: Callable[[dict[str, Any]], None] | None = None) -> TuneSummary:
+         progress: Callable[[dict[str, Any]], None] | None = None, pool: cf.Executor | None = None) -> TuneSummary:
     """Run trials until the study holds ``settings.n_trials`` evaluated trials, time is up, or the space is
-    exhausted (see :class:`TuneLoop`). ``search`` defaults to the study's own sampler, run in memory."""
+    exhausted (see :class:`TuneLoop`). ``search`` defaults to the study's own sampler, run in memory; ``pool``
+    to a compile pool of the loop's own."""
     return TuneLoop(study, space, problem, device, measure, settings, search=search, compiler=compiler,
-                    progress=progress).run()
+                    progress=progress, pool=pool).run()
 
 
 # -- storing outcomes ----------------------------------------------------------------------------
@@ -645,7 +649,8 @@ class _InlineExecutor(cf.Executor):
         return future
 
 
-def _compile_pool(settings: TuneSettings) -> cf.Executor:
+def compile_pool(settings: TuneSettings) -> cf.Executor:
+    """``settings.compile_workers`` spawned processes (0: compile in this process)."""
     if settings.compile_workers == 0:
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(max_workers=settings.compile_workers, mp_context=mp.get_context("spawn"))
