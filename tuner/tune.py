@@ -20,6 +20,7 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import queue
 import random
 import signal
 import socket
@@ -98,7 +99,8 @@ class RunStats:
     measure_s: float = 0.0  # wall time inside measurements (GPU worker round trips)
     compile_wait_s: float = 0.0  # time the GPU sat idle waiting for a compile to finish
     search_s: float = 0.0  # proposing configs (the sampler's model, static checks, repairs)
-    storage_s: float = 0.0  # storage round trips of the loop (asks, stores, reads)
+    storage_s: float = 0.0  # storage round trips the loop waited for (new trials, reads)
+    store_s: float = 0.0  # storing measured trials, on the storing thread (beside the loop, not in its wall time)
     search_asks: int = 0
     search_infeasible: int = 0
     search_repeats: int = 0
@@ -127,7 +129,7 @@ class RunStats:
                 f"{100 * self.gpu_busy:.0f}% ({100 * self.gpu_busy_measuring:.0f}% while measuring); "
                 f"wall time: measuring {self.measure_s:.0f} s, waiting for compiles "
                 f"{self.compile_wait_s:.0f} s, search {self.search_s:.0f} s, storage {self.storage_s:.0f} s, "
-                f"other {max(0.0, other):.0f} s")
+                f"other {max(0.0, other):.0f} s; storing results beside: {self.store_s:.0f} s")
 
 
 @dataclass
@@ -227,6 +229,7 @@ class TuneLoop:
                                               first_delay_s=settings.storage_retry_delay_s)
         self.start = time.monotonic()
         self.deadline = self.start + settings.timeout_s if settings.timeout_s is not None else None
+        self.storer = _Storer()
         self.own_pool = pool is None  # a pool given (a suite's, shared by its studies) stays open
         self.pool = pool if pool is not None else compile_pool(settings)
         self._last_recovery = 0.0
@@ -251,6 +254,7 @@ class TuneLoop:
 
     def _round(self) -> bool:
         """One round; False once the loop should stop (``summary.stopped_because`` says why)."""
+        self.storer.check()
         self._recover_stale_if_due()
         self._refresh_if_due()
         self._fill_queue()
@@ -417,31 +421,48 @@ class TuneLoop:
         return min(done, key=lambda p: p.submitted)
 
     def _measure_next(self) -> None:
-        item = self._next_compiled()  # stays held until told, so that an interruption fails it too
-        frozen = self._run_one(item)
+        """Measure the next compiled config; its outcome counts at once, and is stored on the storing thread
+        while the GPU measures the next one."""
+        item = self._next_compiled()  # stays held until its outcome is queued, so that an interruption fails it
+        outcome = self._run_one(item)
         self.held.compiling.remove(item)
-        self.heartbeat.release(item.trial)
         key = config_key(item.config)
+        frozen = _finished(item.trial, item.config, self.dists, **outcome)
+        if frozen.state != TrialState.COMPLETE:
+            self.summary.failed += 1
         self.state.record(frozen, self.search)  # now: the study is re-read only every refresh_interval_s
         self.state.seen[key] = frozen
         self.state.running -= 1
-        for duplicate in self.held.duplicates.pop(key, []):
-            _finish_duplicate(self.study, duplicate, frozen, self.storage_call)
-            self.heartbeat.release(duplicate)
+        duplicates = self.held.duplicates.pop(key, [])
+        self.storer.submit(functools.partial(self._store, item.trial, item.config, outcome, duplicates, frozen))
         self._report("trial")
 
-    def _run_one(self, item: _Pending) -> FrozenTrial:
+    def _store(self, trial: Trial, config: Config, outcome: dict[str, Any], duplicates: list[Trial],
+               frozen: FrozenTrial) -> None:
+        """On the storing thread: the trial's outcome, then the enqueued duplicates of its config; each trial's
+        heartbeat stops once it is stored."""
+        t0 = time.monotonic()
+        _finish(self.study, trial, self.storage_call, config=config, **outcome)
+        self.heartbeat.release(trial)
+        for duplicate in duplicates:
+            _finish_duplicate(self.study, duplicate, frozen, self.storage_call)
+            self.heartbeat.release(duplicate)
+        self.stats.store_s += time.monotonic() - t0
+
+    def _run_one(self, item: _Pending) -> dict[str, Any]:
+        """Wait for the config's compile and measure it: the outcome as :func:`_finish` takes it."""
         trial, settings = item.trial, self.settings
         self.summary.evaluated += 1
         remaining = settings.compile_timeout_s - (time.monotonic() - item.submitted)
         try:
             outcome: CompileOutcome = item.future.result(timeout=max(0.0, remaining))
         except cf.TimeoutError:
-            return self._store(trial, status=TrialStatus.COMPILE_TIMEOUT, reason=f"compile took over {settings.compile_timeout_s:.0f} s")
+            return {"status": TrialStatus.COMPILE_TIMEOUT,
+                    "reason": f"compile took over {settings.compile_timeout_s:.0f} s"}
         except cf.process.BrokenProcessPool as e:
-            return self._store(trial, status=TrialStatus.COMPILE_ERROR, reason=f"compile process died: {e}")
+            return {"status": TrialStatus.COMPILE_ERROR, "reason": f"compile process died: {e}"}
         if outcome.status != "ok" or outcome.kernel is None:
-            return self._store(trial, status=outcome.status, reason=outcome.reason)
+            return {"status": outcome.status, "reason": outcome.reason}
         kernel = outcome.kernel
         attrs = {
             st.RESOURCES: kernel.resources.to_dict(),
@@ -456,17 +477,8 @@ class TuneLoop:
         self.stats.kernel_s += _kernel_seconds(result)
         attrs[st.MEASUREMENT] = {k: v for k, v in result.to_dict().items() if k not in ("status", "detail")}
         if not result.ok:
-            return self._store(trial, status=result.status, reason=result.detail, attrs=attrs)
-        return self._store(trial, status=TrialStatus.OK, attrs=attrs, value=result.tflops)
-
-    def _store(self, trial: Trial, **outcome: Any) -> FrozenTrial:
-        if outcome.get("value") is None:
-            self.summary.failed += 1
-        t0 = time.monotonic()
-        try:
-            return _finish(self.study, trial, self.storage_call, **outcome)
-        finally:
-            self.stats.storage_s += time.monotonic() - t0
+            return {"status": result.status, "reason": result.detail, "attrs": attrs}
+        return {"status": TrialStatus.OK, "attrs": attrs, "value": result.tflops}
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _timed_storage(self, call: Callable[[], Any], what: str) -> Any:
@@ -504,12 +516,16 @@ class TuneLoop:
 
     # -- stop --------------------------------------------------------------------------------------
     def _stop(self) -> None:
-        """Fail what this process holds (re-enqueueing drawn configs) and shut the compile pool."""
+        """Store what was measured, fail what this process still holds (re-enqueueing drawn configs) and
+        shut the compile pool."""
         for item in self.held.compiling:
             item.future.cancel()
         cleanup_call = functools.partial(retrying, attempts=3, first_delay_s=self.settings.storage_retry_delay_s)
         with _ctrl_c_deferred():
+            error = self.storer.close()
             _stop_cleanly(self.study, self.held.for_cleanup(), cleanup_call)
+        if error is not None and sys.exc_info()[0] is None:
+            raise error
         for proposal in self.held.compiling:
             self.search.withdraw(proposal.config)
         if self.own_pool:
@@ -581,16 +597,31 @@ def _ctrl_c_deferred():
         raise KeyboardInterrupt
 
 
+def _outcome_attrs(config: Config, status: str, reason: str, attrs: dict[str, Any] | None) -> dict[str, Any]:
+    out = {st.CONFIG_KEY: config_key(config), st.STATUS: status, **(attrs or {})}
+    if reason:
+        out[st.REASON] = reason[:1000]
+    return out
+
+
+def _finished(trial: Trial, config: Config, dists: dict[str, Any], *, status: str, reason: str = "",
+              attrs: dict[str, Any] | None = None, value: float | None = None) -> FrozenTrial:
+    """The trial as it will be stored: what the loop counts while the storing thread writes it."""
+    return FrozenTrial(number=trial.number, state=TrialState.COMPLETE if value is not None else TrialState.PRUNED,
+                       value=value, values=None, datetime_start=None, datetime_complete=datetime.now(),
+                       params=dict(config), distributions=dists, user_attrs=_outcome_attrs(config, status, reason,
+                                                                                            attrs),
+                       system_attrs={}, intermediate_values={}, trial_id=trial._trial_id)
+
+
 def _finish(study: optuna.Study, trial: Trial, storage_call: Callable[..., Any], *, status: str, reason: str = "",
             attrs: dict[str, Any] | None = None, value: float | None = None,
-            state: TrialState | None = None) -> FrozenTrial:
+            state: TrialState | None = None, config: Config | None = None) -> FrozenTrial:
     """Store the trial's attributes and its outcome in one retried step.
 
     ``value`` given: COMPLETE; otherwise ``state`` (default PRUNED, which samplers treat as bad).
     """
-    attrs = {st.CONFIG_KEY: config_key(trial.params), st.STATUS: status, **(attrs or {})}
-    if reason:
-        attrs[st.REASON] = reason[:1000]
+    attrs = _outcome_attrs(config if config is not None else trial.params, status, reason, attrs)
 
     def store() -> FrozenTrial:
         try:
@@ -635,6 +666,40 @@ def _unseen_feasible(space: Space, problem: Problem, device: DeviceLimits, taken
 def _draw(trial: Trial, dists: dict[str, Any]) -> dict[str, Any]:
     """Read back (suggest) every knob of an enqueued trial; repeating it is harmless."""
     return {name: trial.suggest_categorical(name, dist.choices) for name, dist in dists.items()}
+
+
+class _Storer:
+    """One thread that runs storage jobs in order, so that storing a measured trial does not hold up the
+    GPU. A job that fails (the database is gone past its retries) stops the rest; :meth:`check` and
+    :meth:`close` hand its error to the loop."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="flashtune-store", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self.error is None:
+                try:
+                    job()
+                except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+                    self.error = e
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self.check()
+        self._jobs.put(job)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> BaseException | None:
+        """Run the jobs queued so far, end the thread; the first job's error, if any."""
+        self._jobs.put(None)
+        self._thread.join()
+        return self.error
 
 
 class _InlineExecutor(cf.Executor):
