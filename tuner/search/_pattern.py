@@ -86,10 +86,11 @@ class PatternSearch(Search):
     """See the module docstring."""
 
     def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None, *,
-                 level_penalty: float = LEVEL_PENALTY) -> None:
+                 level_penalty: float = LEVEL_PENALTY, step_scale: int = 0) -> None:
         super().__init__(space, problem, device, seed)
         self.start = space.defaults(problem.head_dim)
         self.level_penalty = level_penalty
+        self.step_scale = step_scale
         self.model = AdditiveModel(space)
         self.values: dict[str, float] = {}  # measured configs that ran: key -> log TFLOPS
         self.configs: dict[str, Config] = {config_key(self.start): self.start}  # centres, and the start
@@ -154,11 +155,12 @@ class PatternSearch(Search):
             centre = self.configs[key]
             name = LEVELS[level - 1]
             if name in ("step", "coupled step"):
-                pool = [c for c in ring(self.space, centre, 1) if _changes(c, centre) == 1]
+                pool = [{**centre, k.name: v} for k in self.space.knobs for i, v in enumerate(k.values)
+                        if 0 < abs(i - k.values.index(centre[k.name])) <= self._reach(k) or not k.ordered
+                        and v != centre[k.name]]
             elif name == "jump":
-                pool = [{**centre, k.name: v} for k in self.space.knobs if len(k.values) > 2
-                        for i, v in enumerate(k.values)
-                        if k.ordered and abs(i - k.values.index(centre[k.name])) > 1]
+                pool = [{**centre, k.name: v} for k in self.space.knobs if k.ordered
+                        for i, v in enumerate(k.values) if abs(i - k.values.index(centre[k.name])) > self._reach(k)]
             else:
                 pool = [c for c in ring(self.space, centre, 2) if _changes(c, centre) == 2]
             out: dict[str, Config] = {}
@@ -173,6 +175,10 @@ class PatternSearch(Search):
                 out.setdefault(config_key(other), other)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
+
+    def _reach(self, knob) -> int:
+        """Steps of an ordered knob that count as one move: 1, more for long value lists."""
+        return max(1, (len(knob.values) - 1) // self.step_scale) if self.step_scale else 1
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The feasible config fewest steps away from ``config`` that changes only knobs (outside ``keep``)
