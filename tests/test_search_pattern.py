@@ -221,3 +221,36 @@ def test_proposing_on_the_real_sm90_space_is_fast(head_dim):
     per_call_ms = (time.perf_counter() - t0) / len(proposed) * 1e3
     assert len(proposed) == 300 and all(space.check(c, problem, H200) is None for c in proposed[::25])
     assert per_call_ms < 10, f"{per_call_ms:.1f} ms per proposal and observation"
+
+
+# -- in the tuning loop --------------------------------------------------------------------------------
+def test_the_pattern_search_runs_a_stored_study_and_resumes_it(sqlite_url, toy_space, problem):
+    from tests.fakes.fake_compile import fake_compiler
+    from tests.fakes.fake_measure import FakeMeasure
+    from tuner import study as st
+    from tuner.search import make_sampler
+    from tuner.storage import open_storage
+    from tuner.tune import TuneSettings, tune
+
+    gpu = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
+           "driver": "0.0"}
+    storage = open_storage(sqlite_url)
+    study = st.open_study(storage=storage, name="pattern", space=toy_space, problem=problem, gpu=gpu,
+                          sampler=make_sampler("pattern", toy_space, 0))
+
+    def run(n):
+        search = make_search("pattern", toy_space, problem, SM80, 0)
+        summary = tune(study, toy_space, problem, SM80, FakeMeasure(), TuneSettings(n_trials=n, compile_workers=1),
+                       search=search, compiler=fake_compiler)
+        return summary, search
+
+    summary, search = run(6)
+    trials = [t for t in study.get_trials() if t.user_attrs.get(st.STATUS) not in (None, "infeasible")]
+    assert summary.evaluated == 6 and trials[0].params == toy_space.defaults()
+    assert len({config_key(t.params) for t in trials}) == 6 and search.stats.repeats == 0
+    assert summary.explorations == 0
+    summary, search = run(10)  # a new process: it learns the six from the study and goes on from the best
+    assert summary.evaluated == 4 and len(search.values) >= 6
+    keys = [config_key(t.params) for t in study.get_trials() if t.user_attrs.get(st.STATUS) not in (None, "infeasible")
+            and st.DUPLICATE_OF not in t.user_attrs]
+    assert len(keys) == len(set(keys)) == 10

@@ -5,7 +5,8 @@ usually a few knob changes away, often changes that only pay together (deeper K/
 ping-pong). So the search walks the space from the default instead of sampling it:
 
 - A *centre* is a measured config; its neighbourhood has *levels*, nearest first: (1) one knob one
-  step (an ordered knob's next value; any other value of an unordered one); (2) a one-step change
+  step (an ordered knob's next value, or up to a quarter of a long list of values away; any other
+  value of an unordered one); (2) a one-step change
   that the static check refuses alone, repaired by the fewest further steps of other knobs (a move
   the constraints couple to another: a bigger producer register budget needs a smaller consumer
   one); (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each.
@@ -31,7 +32,7 @@ from collections.abc import Iterator, Set
 
 from ..devices import DeviceLimits
 from ..problem import Problem
-from ..space import Config, Space, config_key
+from ..space import Config, Knob, Space, config_key
 from ._base import Search
 from ._model import AdditiveModel
 
@@ -78,6 +79,12 @@ def constraint_knobs(space: Space) -> dict[str, set[str]]:
             for c in space.constraints}
 
 
+def _reach(knob: Knob) -> int:
+    """Steps along an ordered knob that still count as one move: 1, up to a quarter of a long value list
+    (a register budget of 13 values moves by up to 3 at once; measurement noise hides single steps)."""
+    return max(1, (len(knob.values) - 1) // 4)
+
+
 def _changes(a: Config, b: Config) -> int:
     return sum(a[n] != b[n] for n in a)
 
@@ -86,11 +93,10 @@ class PatternSearch(Search):
     """See the module docstring."""
 
     def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None, *,
-                 level_penalty: float = LEVEL_PENALTY, step_scale: int = 0) -> None:
+                 level_penalty: float = LEVEL_PENALTY) -> None:
         super().__init__(space, problem, device, seed)
         self.start = space.defaults(problem.head_dim)
         self.level_penalty = level_penalty
-        self.step_scale = step_scale
         self.model = AdditiveModel(space)
         self.values: dict[str, float] = {}  # measured configs that ran: key -> log TFLOPS
         self.configs: dict[str, Config] = {config_key(self.start): self.start}  # centres, and the start
@@ -156,11 +162,11 @@ class PatternSearch(Search):
             name = LEVELS[level - 1]
             if name in ("step", "coupled step"):
                 pool = [{**centre, k.name: v} for k in self.space.knobs for i, v in enumerate(k.values)
-                        if 0 < abs(i - k.values.index(centre[k.name])) <= self._reach(k) or not k.ordered
+                        if 0 < abs(i - k.values.index(centre[k.name])) <= _reach(k) or not k.ordered
                         and v != centre[k.name]]
             elif name == "jump":
                 pool = [{**centre, k.name: v} for k in self.space.knobs if k.ordered
-                        for i, v in enumerate(k.values) if abs(i - k.values.index(centre[k.name])) > self._reach(k)]
+                        for i, v in enumerate(k.values) if abs(i - k.values.index(centre[k.name])) > _reach(k)]
             else:
                 pool = [c for c in ring(self.space, centre, 2) if _changes(c, centre) == 2]
             out: dict[str, Config] = {}
@@ -175,10 +181,6 @@ class PatternSearch(Search):
                 out.setdefault(config_key(other), other)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
-
-    def _reach(self, knob) -> int:
-        """Steps of an ordered knob that count as one move: 1, more for long value lists."""
-        return max(1, (len(knob.values) - 1) // self.step_scale) if self.step_scale else 1
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The feasible config fewest steps away from ``config`` that changes only knobs (outside ``keep``)
