@@ -530,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", type=_study_name, help="study name (default: derived from family, GPU and problem)")
     p.add_argument("--trials", type=int, default=50, help="evaluated trials the study should hold (default %(default)s)")
     p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
-    p.add_argument("--sampler", default="tpe", choices=sorted(SAMPLERS), help="search algorithm (default %(default)s)")
+    p.add_argument("--sampler", default="pattern", choices=sorted(SAMPLERS), help="search algorithm (default %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     _add_run_options(p)
     p.add_argument("--suite", help="tune every problem of a suite file (studies/*.toml) instead; reruns resume")

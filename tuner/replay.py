@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,11 @@ from .jobs import MeasureJob, MeasureResult, MeasureSettings
 from .problem import Problem
 from .ptxas import Resources
 from .search import make_sampler, make_search
-from .space import Space, SpaceError, config_key, load_space
+from .space import Config, Space, SpaceError, config_key, load_space
 from .tune import TuneLoop, TuneSettings
 
-__all__ = ["Oracle", "ReplayError", "ReplayRun", "load_oracle", "replay", "summarize", "THRESHOLDS", "CHECKPOINTS"]
+__all__ = ["Oracle", "ReplayError", "ReplayRun", "format_markdown", "format_table", "load_oracle", "replay", "summarize",
+           "THRESHOLDS", "CHECKPOINTS"]
 
 THRESHOLDS = (0.01, 0.02, 0.05)  # within 1%, 2%, 5% of the stored best
 CHECKPOINTS = (25, 50, 100)  # best-so-far after this many evaluations
@@ -56,12 +57,23 @@ class Oracle:
     def best(self) -> float:
         return max(v for v in self.results.values() if v is not None)
 
-    def measure(self, job: MeasureJob) -> MeasureResult:
-        key = config_key(job.config)
+    def tflops(self, config: Config) -> float | None:
+        """What the study measured for ``config`` (None: it failed)."""
+        key = config_key(config)
         if key not in self.results:
-            raise ReplayError(f"study {self.study_name!r} never measured config {job.config}: replay needs a study "
+            raise ReplayError(f"study {self.study_name!r} never measured config {config}: replay needs a study "
                               "that holds every feasible config (flashtune tune --sampler grid --trials 100000)")
-        tflops = self.results[key]
+        return self.results[key]
+
+    def describe(self) -> str:
+        """One line: what the oracle is, its best and the default's share of it."""
+        feasible = sum(1 for v in self.results.values() if v is not None)
+        default = self.results.get(config_key(self.space.defaults(self.problem.head_dim)))
+        return (f"replay of {self.study_name}: {self.problem.slug()}, {feasible} measured configs, best "
+                f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else ""))
+
+    def measure(self, job: MeasureJob) -> MeasureResult:
+        tflops = self.tflops(job.config)
         if tflops is None:
             return MeasureResult(status="wrong_result", detail="failed in the stored study")
         return MeasureResult(status="ok", tflops=tflops, latency_ms=self.problem.flops / (tflops * 1e9), reps=1)
@@ -101,6 +113,7 @@ class ReplayRun:
     sampler: str
     seed: int
     values: list[float | None] = field(default_factory=list)
+    best: float = 0.0  # the oracle's best TFLOPS
     asks: int = 0
     repeats: int = 0
     infeasible: int = 0
@@ -141,26 +154,34 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
     evaluated = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
                  if st.is_evaluated(t)]
     evaluated.sort(key=lambda t: t.datetime_complete)  # the order the loop measured them in
-    return ReplayRun(sampler=sampler, seed=seed, values=[t.value for t in evaluated], asks=search.stats.asks,
+    return ReplayRun(sampler=sampler, seed=seed, values=[t.value for t in evaluated], best=oracle.best,
+                     asks=search.stats.asks,
                      repeats=search.stats.repeats, infeasible=search.stats.infeasible,
                      explorations=summary.explorations)
 
 
-def replay(oracle: Oracle, samplers: Sequence[str], seeds: Sequence[int], budget: int, *, window: int = 1,
-           jobs: int = 1, progress=None) -> list[ReplayRun]:
-    """Every (sampler, seed) run, in ``jobs`` processes."""
+def _replay_task(oracle: Oracle | Callable[[int], Oracle], sampler: str, seed: int, budget: int,
+                 window: int) -> ReplayRun:
+    return replay_one(oracle if isinstance(oracle, Oracle) else oracle(seed), sampler, seed, budget, window)
+
+
+def replay(oracle: Oracle | Callable[[int], Oracle], samplers: Sequence[str], seeds: Sequence[int], budget: int, *,
+           window: int = 1, jobs: int = 1, progress=None) -> list[ReplayRun]:
+    """Every (sampler, seed) run, in ``jobs`` processes. ``oracle``: one oracle, or a function of the seed
+    that makes each run's own (a synthetic landscape per seed; picklable when ``jobs`` > 1)."""
+    first = oracle if isinstance(oracle, Oracle) else oracle(seeds[0])
     for name in samplers:
-        make_sampler(name, oracle.space, 0)  # an unknown name, or missing dependencies: say so before any run
+        make_sampler(name, first.space, 0)  # an unknown name, or missing dependencies: say so before any run
     tasks = [(name, seed) for name in samplers for seed in seeds]
     if jobs <= 1:
         runs = []
         for name, seed in tasks:
-            runs.append(replay_one(oracle, name, seed, budget, window))
+            runs.append(_replay_task(oracle, name, seed, budget, window))
             if progress:
                 progress(runs[-1])
         return runs
     with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(replay_one, oracle, name, seed, budget, window) for name, seed in tasks]
+        futures = [pool.submit(_replay_task, oracle, name, seed, budget, window) for name, seed in tasks]
         runs = []
         for f in futures:
             runs.append(f.result())
@@ -174,21 +195,22 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def summarize(oracle: Oracle, runs: Sequence[ReplayRun]) -> list[dict[str, Any]]:
+def summarize(oracle: Oracle | None, runs: Sequence[ReplayRun]) -> list[dict[str, Any]]:
     """Per sampler: evaluations to each threshold (median, 90th percentile, runs that never got there; a run
     that never did counts as infinity in the percentiles), best-so-far after each checkpoint (fraction of
-    the stored best, median), and the worst run's repeats per new config."""
+    the best, median), and the worst run's repeats per new config. Each run is judged against its own
+    oracle's best (``oracle``, if given, for runs that do not know it)."""
     rows = []
     for name in dict.fromkeys(r.sampler for r in runs):
         mine = [r for r in runs if r.sampler == name]
         row: dict[str, Any] = {"sampler": name, "runs": len(mine)}
         for threshold in THRESHOLDS:
-            counts = [r.evaluations_to(oracle.best * (1 - threshold)) for r in mine]
+            counts = [r.evaluations_to(_best(oracle, r) * (1 - threshold)) for r in mine]
             finite = [float(c) if c is not None else math.inf for c in counts]
             row[f"to_{threshold:.0%}"] = {"median": statistics.median(finite), "p90": _percentile(finite, 0.9),
                                           "never": sum(c is None for c in counts)}
         for n in CHECKPOINTS:
-            bests = [(r.best_after(n) or 0.0) / oracle.best for r in mine]
+            bests = [(r.best_after(n) or 0.0) / _best(oracle, r) for r in mine]
             row[f"best_at_{n}"] = statistics.median(bests)
         row["repeats_per_new"] = max(r.repeats / max(1, len(r.values)) for r in mine)
         row["asks_per_run"] = statistics.median(r.asks for r in mine)
@@ -196,12 +218,17 @@ def summarize(oracle: Oracle, runs: Sequence[ReplayRun]) -> list[dict[str, Any]]
     return rows
 
 
-def format_table(oracle: Oracle, rows: Sequence[dict[str, Any]], budget: int) -> str:
-    feasible = sum(1 for v in oracle.results.values() if v is not None)
-    default = oracle.results.get(config_key(oracle.space.defaults(oracle.problem.head_dim)))
-    lines = [f"replay of {oracle.study_name}: {oracle.problem.slug()}, {feasible} measured configs, best "
-             f"{oracle.best:.1f} TFLOPS" + (f", default {default / oracle.best:.3f} of it" if default else "")
-             + f"; budget {budget} evaluations",
+def _best(oracle: Oracle | None, run: ReplayRun) -> float:
+    if run.best:
+        return run.best
+    if oracle is None:
+        raise ReplayError(f"run {run.sampler}/{run.seed} does not know its oracle's best")
+    return oracle.best
+
+
+def format_table(oracle: Oracle | None, rows: Sequence[dict[str, Any]], budget: int, *, title: str = "") -> str:
+    """The summary as text; the first line describes ``oracle`` (or is ``title``)."""
+    lines = [f"{title or oracle.describe()}; budget {budget} evaluations",
              "evaluations to come within 1% / 2% / 5% of the best: median, 90th percentile (runs that never did)",
              f"{'sampler':<8} {'runs':>4}  {'within 1%':>17}  {'within 2%':>17}  {'within 5%':>17}  "
              f"{'best@25':>7} {'best@50':>7} {'best@100':>8}  {'repeats/new':>11}"]
@@ -216,3 +243,16 @@ def format_table(oracle: Oracle, rows: Sequence[dict[str, Any]], budget: int) ->
                      f"{cell(row['to_5%']):>17}  {row['best_at_25']:>7.3f} {row['best_at_50']:>7.3f} "
                      f"{row['best_at_100']:>8.3f}  {row['repeats_per_new']:>11.2f}")
     return "\n".join(lines) + "\n"
+
+
+def format_markdown(rows: Sequence[dict[str, Any]], *, label: str = "") -> str:
+    """The summary as Markdown table rows (BENCHMARKS.md): ``label`` first, then per sampler evaluations to
+    1% / 2% / 5% (median / p90, runs that never got there), best-so-far at 25 / 50 / 100, repeats per new."""
+    def cell(d: dict[str, float]) -> str:
+        def num(x: float) -> str:
+            return "—" if math.isinf(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+        return f"{num(d['median'])} / {num(d['p90'])}" + (f" ({d['never']} never)" if d["never"] else "")
+
+    return "".join(f"| {label} | {row['sampler']} | {cell(row['to_1%'])} | {cell(row['to_2%'])} | {cell(row['to_5%'])} | "
+                   f"{row['best_at_25']:.3f} / {row['best_at_50']:.3f} / {row['best_at_100']:.3f} | "
+                   f"{row['repeats_per_new']:.2f} |\n" for row in rows)

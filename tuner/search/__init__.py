@@ -1,9 +1,11 @@
 """Search strategies by name, and the distributions of a space's knobs in the stored study.
 
-``--sampler NAME`` picks a :class:`Search`: ``tpe``, ``random`` and ``gp`` run an Optuna sampler
-in memory beside the stored study (:mod:`._optuna`); ``grid`` proposes every feasible config of
-a small space once (:mod:`._exhaustive`). Either way only feasible configs nobody has taken
-reach the stored study; the tuner (:mod:`tuner.tune`) asks for proposals and reports results.
+``--sampler NAME`` picks a :class:`Search`: ``pattern`` (the default) climbs from the family
+default through ever wider neighbourhoods ranked by a surrogate (:mod:`._pattern`); ``tpe``,
+``random`` and ``gp`` run an Optuna sampler in memory beside the stored study (:mod:`._optuna`);
+``grid`` proposes every feasible config of a small space once (:mod:`._exhaustive`). Either way
+only feasible configs nobody has taken reach the stored study; the tuner (:mod:`tuner.tune`) asks
+for proposals and reports results.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from ..space import Space
 from ._base import Search, SearchStats, nearest_feasible, neighbours
 from ._exhaustive import GRID_LIMIT, ExhaustiveSearch
 from ._optuna import OptunaSearch, search_distributions
+from ._pattern import PatternSearch
 
-__all__ = ["SAMPLERS", "Search", "SearchStats", "SamplerError", "distributions", "make_sampler", "make_search",
-           "nearest_feasible", "neighbours", "search_distributions"]
+__all__ = ["DEFAULT_SAMPLER", "SAMPLERS", "PatternSearch", "Search", "SearchStats", "SamplerError", "distributions",
+           "make_sampler", "make_search", "nearest_feasible", "neighbours", "search_distributions"]
+
+DEFAULT_SAMPLER = "pattern"
 
 
 class SamplerError(FlashtuneError, ValueError):
@@ -59,7 +64,14 @@ def _grid(space: Space, seed: int | None) -> optuna.samplers.BaseSampler:
     return optuna.samplers.RandomSampler(seed=seed)  # the stored study's own sampler is never asked by the tuner
 
 
+def _stored_only(space: Space, seed: int | None) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.RandomSampler(seed=seed)  # the stored study's own sampler is never asked by the tuner
+
+
+#: name -> the Optuna sampler of the stored study (what an Optuna search runs in memory; for the others
+#: a stand-in that the tuner never asks)
 SAMPLERS: dict[str, Callable[[Space, int | None], optuna.samplers.BaseSampler]] = {
+    "pattern": _stored_only,
     "tpe": _tpe,
     "random": _random,
     "gp": _gp,
@@ -79,4 +91,6 @@ def make_search(name: str, space: Space, problem: Problem, device: DeviceLimits,
     sampler = make_sampler(name, space, seed)
     if name == "grid":
         return ExhaustiveSearch(space, problem, device, seed)
+    if name == "pattern":
+        return PatternSearch(space, problem, device, seed)
     return OptunaSearch(space, problem, device, seed, sampler)

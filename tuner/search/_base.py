@@ -40,10 +40,12 @@ class Search(ABC):
         self.rng = random.Random(seed)
         self.stats = SearchStats()
         self.results: dict[str, float | None] = {}  # config key -> TFLOPS (None: failed)
-        self._feasible: dict[str, bool] = {}
+        self._feasible: dict[tuple[int, ...], bool] = {}
+        self._names = [k.name for k in space.knobs]
 
     def feasible(self, config: Config) -> bool:
-        key = config_key(config)
+        """Whether ``config`` passes the static check (each config is checked once)."""
+        key = tuple(config[n] for n in self._names)
         if key not in self._feasible:
             self._feasible[key] = self.space.check(config, self.problem, self.device) is None
         return self._feasible[key]
