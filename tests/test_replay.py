@@ -31,7 +31,7 @@ def test_the_oracle_holds_every_feasible_config_of_the_sweep(oracle):
     assert default / oracle.best == pytest.approx(0.967, abs=1e-3)
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
+@pytest.mark.parametrize("sampler", ["pattern", "tpe", "random", "grid"])
 def test_a_replayed_run_measures_the_default_first_then_distinct_configs_from_the_oracle(oracle, sampler):
     run = replay_one(oracle, sampler, seed=1, budget=40)
     assert len(run.values) == 40
@@ -70,7 +70,7 @@ def test_the_command_prints_a_table_and_json(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "620 measured configs" in out and "within 1%" in out
-    assert [line.split()[0] for line in out.splitlines()[3:]] == ["tpe", "random", "grid"]
+    assert [line.split()[0] for line in out.splitlines()[3:]] == ["pattern", "tpe", "random", "grid"]
     assert main(args + ["--json", "--samplers", "random"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["budget"] == 15 and [r["sampler"] for r in data["rows"]] == ["random"]

@@ -590,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", required=True, help="a study that holds every feasible config (a --sampler grid sweep)")
     _add_storage(p)
     p.add_argument("--space", help="the space file the study was measured with, if not search_spaces/<family>.toml")
-    p.add_argument("--samplers", default="tpe,random,grid", help="comma-separated, of: " + ", ".join(SAMPLERS)
+    p.add_argument("--samplers", default="pattern,tpe,random,grid", help="comma-separated, of: " + ", ".join(SAMPLERS)
                    + " (default %(default)s; grid replays a random order of the feasible configs)")
     p.add_argument("--seeds", type=int, default=20, help="runs per sampler (default %(default)s)")
     p.add_argument("--budget", type=int, default=100, help="evaluations per run (default %(default)s)")

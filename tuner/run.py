@@ -49,7 +49,7 @@ class RunSpec:
     problem: Problem
     storage_url: str
     study_name: str = ""
-    sampler: str = "tpe"
+    sampler: str = "pattern"
     seed: int | None = None
     settings: TuneSettings = field(default_factory=TuneSettings)
     handler: str = "tuner.gpu.measure"  # the GPU worker's module (tests substitute a stand-in)
@@ -146,7 +146,7 @@ def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None =
     base = settings or TuneSettings()
     target = n_trials if n_trials is not None else meta.run.get("target_trials", base.n_trials)
     return RunSpec(family=meta.family, problem=meta.problem, storage_url=storage_url, study_name=study_name,
-                   sampler=meta.run.get("sampler", "tpe"), seed=meta.run.get("seed"),
+                   sampler=meta.run.get("sampler", "pattern"), seed=meta.run.get("seed"),
                    settings=dataclasses.replace(base, n_trials=target))
 
 
