@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -82,3 +83,18 @@ def test_cli_refuses_suite_with_study_or_config_and_ablate_without_suite(tmp_pat
     suite.write_text('family = "sm80"\n[grid]\nhead_dim = 128\nheads = 2\nbatch = 1\nseqlen = 128\n')
     assert main(["bench", "--suite", str(suite), "--config", "block_m=64"]) == 2
     assert "drop --study/--config" in capsys.readouterr().err
+
+
+def test_compiling_up_front_in_a_pool_gives_the_same_rows(tuned, tmp_path, monkeypatch):
+    """With compile_workers > 1 every kernel of the run (winners and ablations) is built in a process pool first,
+    so the timing loop only reads the cache: each is compiled once, in the pool."""
+    suite, url, info = tuned
+    log = tmp_path / "compiled.log"
+    monkeypatch.setenv("FLASHTUNE_STANDIN_COMPILE_LOG", str(log))
+    with Worker(handler=HANDLER) as worker:
+        serial = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile)
+        log.unlink()
+        pooled = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile, compile_workers=2)
+    assert [(r.config, r.tflops, r.ablations) for r in pooled] == [(r.config, r.tflops, r.ablations) for r in serial]
+    in_pool = [pid for pid in log.read_text().split() if int(pid) != os.getpid()]
+    assert len(in_pool) == 1 + sum(t is not None for t in pooled[0].ablations.values())  # winner and ablations

@@ -10,7 +10,10 @@ knob at a time: winner / ablated is what that knob's tuned value is worth on tha
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import datetime as dt
+import functools
+import multiprocessing as mp
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,9 +91,25 @@ def _time(worker: Worker, space: Space, config: dict[str, int], problem: Problem
     return result.tflops, ""
 
 
+def _ablations(space: Space, row: BenchRow) -> dict[str, dict[str, int]]:
+    """The winner with each tuned knob put back to its default, by knob."""
+    out = {}
+    for knob in space.knobs:
+        default = knob.default_for(row.problem.head_dim)
+        if row.config[knob.name] != default:
+            out[knob.name] = {**row.config, knob.name: default}
+    return out
+
+
+def _warm(compiler: Callable[..., CompileOutcome], space_path: str, job: tuple[dict[str, int], Problem], *,
+          device: DeviceLimits) -> None:
+    compiler(space_path, job[0], job[1], device)
+
+
 def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url: str, *, ablate: bool = False,
                 settings: MeasureSettings | None = None, log: TextIO | None = None,
-                compiler: Callable[..., CompileOutcome] = compile_outcome) -> list[BenchRow]:
+                compiler: Callable[..., CompileOutcome] = compile_outcome,
+                compile_workers: int = 1) -> list[BenchRow]:
     """One row per problem of ``suite``, in the suite's order (problems without a study on this GPU
     model get a note instead of figures)."""
     settings = settings or MeasureSettings()
@@ -99,7 +118,7 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
     storage = open_storage(storage_url, create=False)
     rows = []
     entries = suite_studies(storage, suite)
-    for i, entry in enumerate(entries, 1):
+    for entry in entries:
         row = BenchRow(problem=entry.problem)
         rows.append(row)
         row.study, chosen, why = _study_for(storage, entry.studies, str(info["name"]))
@@ -109,16 +128,20 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
             row.note = why
         else:
             row.config = dict(chosen.config)
+    if compile_workers > 1:  # every kernel the run times, compiled up front in parallel (the cubin cache keeps them)
+        jobs = [(variant, row.problem) for row in rows if row.config
+                for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
+                if space.check(variant, row.problem, device) is None]
+        with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(functools.partial(_warm, compiler, str(space.path), device=device), jobs))
+    for i, row in enumerate(rows, 1):
         if row.config:
             row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite",
                                          compiler)
             if ablate and row.tflops:
-                for knob in space.knobs:
-                    default = knob.default_for(row.problem.head_dim)
-                    if row.config[knob.name] != default:
-                        variant = {**row.config, knob.name: default}
-                        row.ablations[knob.name], _ = _time(worker, space, variant, row.problem, device, settings,
-                                                            f"ablate-{knob.name}", compiler)
+                for name, variant in _ablations(space, row).items():
+                    row.ablations[name], _ = _time(worker, space, variant, row.problem, device, settings,
+                                                   f"ablate-{name}", compiler)
         if row.config or row.study:
             peers = worker.call("run_peers", (row.problem, settings), timeout_s=900)
             row.peers = {p["name"]: p.get("tflops") for p in peers}

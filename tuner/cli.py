@@ -397,7 +397,8 @@ def _bench_suite(args: argparse.Namespace) -> int:
     storage_url = suite_storage(suite, args.storage)
     worker, info = _start_worker(args.gpu)
     with worker:
-        rows = bench_suite(worker, info, suite, storage_url, ablate=args.ablate, log=sys.stderr)
+        rows = bench_suite(worker, info, suite, storage_url, ablate=args.ablate, log=sys.stderr,
+                           compile_workers=default_compile_workers())
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:
         write_text(table, out)
