@@ -45,7 +45,7 @@ def test_ring_counts_ordered_steps(toy_space):
 def test_constraints_read_knobs_through_derived_values(toy_space):
     assert constraint_knobs(toy_space) == {"smem_fits": {"block_m", "block_n", "stages"}}
     sm90 = constraint_knobs(load_space("sm90"))
-    assert sm90["setmaxnreg_budget"] == {"producer_regs", "consumer_wgs", "consumer_regs"}
+    assert sm90["setmaxnreg_budget"] == {"producer_regs", "consumer_wgs", "consumer_regs", "ctas_per_sm"}
     assert sm90["arch"] == set()
 
 
