@@ -109,28 +109,52 @@ def test_macros_hold_problem_knob_and_derived_values(space):
         assert all(isinstance(v, int) for v in macros.values())
 
 
+def _one_cta_per_block(space, head_dim=None):
+    """The default config, with a persistent grid (a family that has the knob) turned off."""
+    config = space.defaults(head_dim)
+    if "persistent" in config:
+        config["persistent"] = 0
+    return config
+
+
 def test_launch_geometry_is_positive(space):
     for arch in supported_archs(space):
         device = limits_for_arch(arch)
         for problem in _problems(space):
-            g = space.launch(space.defaults(problem.head_dim), problem, device)
-            assert len(g.grid) == 3 and all(isinstance(n, int) and n > 0 for n in g.grid), g
-            assert 32 <= g.threads <= 1024 and g.threads % 32 == 0, g
-            assert 0 <= g.smem_bytes <= device.smem_per_block_optin, g
+            for config in (space.defaults(problem.head_dim), _one_cta_per_block(space, problem.head_dim)):
+                g = space.launch(config, problem, device)
+                assert len(g.grid) == 3 and all(isinstance(n, int) and n > 0 for n in g.grid), g
+                assert 32 <= g.threads <= 1024 and g.threads % 32 == 0, g
+                assert 0 <= g.smem_bytes <= device.smem_per_block_optin, g
+            g = space.launch(_one_cta_per_block(space, problem.head_dim), problem, device)
             assert g.grid[1] == problem.heads_q and g.grid[2] == problem.batch  # README: y = head, z = batch
+
+
+def test_a_persistent_grid_has_at_most_one_cta_per_sm_slot(space):
+    if "persistent" not in space.defaults():
+        pytest.skip(f"{space.name} has no persistent grid")
+    device = limits_for_arch(supported_archs(space)[0])
+    for problem in _problems(space):
+        config = {**space.defaults(problem.head_dim), "persistent": 1}
+        if space.check(config, problem, device) is not None:
+            continue
+        env = space.environment(config, problem, device)
+        g = space.launch(config, problem, device)
+        slots = device.num_sms * env.get("ctas_per_sm", 1) // env.get("cta_mode", 1) * env.get("cta_mode", 1)
+        assert g.grid[1:] == (1, 1) and 1 <= g.grid[0] <= slots, g
 
 
 def test_grid_covers_every_query_row(space):
     device = limits_for_arch(supported_archs(space)[0])
     problem = next(_problems(space))
+    config = _one_cta_per_block(space)
     for seqlen_q in (1, 127, 128, 129, 4097):
         p = Problem(**{**problem.to_dict(), "seqlen_q": seqlen_q, "seqlen_k": seqlen_q})
-        small = space.launch(space.defaults(), p, device).grid[0]
+        small = space.launch(config, p, device).grid[0]
         assert small >= 1
-    grid_1 = space.launch(space.defaults(), Problem(**{**problem.to_dict(), "seqlen_q": 1, "seqlen_k": 1}),
-                          device).grid[0]
-    grid_big = space.launch(space.defaults(), Problem(**{**problem.to_dict(), "seqlen_q": 65536,
-                                                         "seqlen_k": 65536}), device).grid[0]
+    grid_1 = space.launch(config, Problem(**{**problem.to_dict(), "seqlen_q": 1, "seqlen_k": 1}), device).grid[0]
+    grid_big = space.launch(config, Problem(**{**problem.to_dict(), "seqlen_q": 65536, "seqlen_k": 65536}),
+                            device).grid[0]
     assert grid_1 == 1 and grid_big > grid_1
 
 

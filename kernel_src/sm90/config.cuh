@@ -30,16 +30,16 @@
 #define FT_BLOCK_N (FT_HEAD_DIM == 256 ? 80 : 128)  // keys per K/V tile (= N of the S = Q.K^T wgmma)
 #endif
 #ifndef FT_CONSUMER_WGS
-#define FT_CONSUMER_WGS 2  // consumer warpgroups, 64 query rows each
+#define FT_CONSUMER_WGS (FT_HEAD_DIM == 64 ? 3 : 2)  // consumer warpgroups, 64 query rows each
 #endif
 #ifndef FT_RESCALE_SLACK
 #define FT_RESCALE_SLACK 8  // lazy rescale: keep a stale row max up to this many log2 units
 #endif
 #ifndef FT_PRODUCER_REGS
-#define FT_PRODUCER_REGS 24  // setmaxnreg budget of the producer warpgroup
+#define FT_PRODUCER_REGS (FT_HEAD_DIM == 64 ? 32 : 24)  // setmaxnreg budget of the producer warpgroup
 #endif
 #ifndef FT_CONSUMER_REGS
-#define FT_CONSUMER_REGS 240  // setmaxnreg budget of each consumer warpgroup
+#define FT_CONSUMER_REGS (FT_HEAD_DIM == 64 ? 160 : 240)  // setmaxnreg budget of each consumer warpgroup
 #endif
 #ifndef FT_INTRA_WG_OVERLAP
 #define FT_INTRA_WG_OVERLAP 1  // softmax of tile j runs while O += P_{j-1} V_{j-1} is in flight
@@ -57,7 +57,7 @@
 #define FT_POLY_EXP 0  // of every 8 exponentials of the softmax, this many on the FMA pipe (0 = all MUFU)
 #endif
 #ifndef FT_PERSISTENT
-#define FT_PERSISTENT 0  // 1: one CTA (cluster) per SM loops over the query blocks; Q in two stages
+#define FT_PERSISTENT (FT_HEAD_DIM == 256 ? 0 : 1)  // 1: one CTA (cluster) per SM loops over the query blocks; Q in two stages
 #endif
 #ifndef FT_CTAS_PER_SM
 #define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
