@@ -170,3 +170,18 @@ def sqlite_url():
     """URL of a fresh SQLite study database."""
     with fast_dir() as directory:
         yield f"sqlite:///{directory}/studies.db"
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A throwaway PostgreSQL server for a test module (tests/pg_server.py; some tests stop it), or a skip
+    saying why there is none."""
+    pytest.importorskip("psycopg")
+    from tests.pg_server import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer()
+    except PostgresUnavailable as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    yield server
+    server.close()

@@ -558,19 +558,6 @@ def test_tune_without_a_gpu_says_so_once_and_creates_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no studies/flashtune.db
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from tests.pg_server import PostgresServer, PostgresUnavailable
-
-    pytest.importorskip("psycopg")
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(f"no PostgreSQL server: {e}")
-    yield server
-    server.close()
-
-
 @pytest.mark.postgres
 def test_a_postgres_outage_is_named_as_one(capsys, postgres, tmp_path):
     make_study(postgres.url, "kept", n_trials=4, failures=False)

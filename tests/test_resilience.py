@@ -18,7 +18,6 @@ from optuna.trial import TrialState
 
 from tuner.study import DUPLICATE_OF, STATUS
 
-from .pg_server import PostgresServer, PostgresUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_HEARTBEAT = {"FLASHTUNE_HEARTBEAT_INTERVAL_S": "1", "FLASHTUNE_GRACE_PERIOD_S": "3"}
@@ -53,16 +52,6 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 def _measured_counts(log: Path) -> collections.Counter:
     return collections.Counter(line for line in log.read_text().split() if line) if log.exists() else collections.Counter()
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(f"no PostgreSQL server: {e}")
-    yield server
-    server.close()
 
 
 def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp_path):

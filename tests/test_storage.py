@@ -191,3 +191,26 @@ def test_concurrent_tuners_on_sqlite_never_pop_the_same_enqueued_trial(tmp_path)
     for p in procs:
         p.join(timeout=60)
     assert sorted(popped) == list(range(48))  # each enqueued trial went to exactly one tuner
+
+
+def test_a_schema_another_tuner_is_still_creating_is_not_taken_for_another_program_s(tmp_path):
+    """Two tuners opening a new database at once: one may look while the other has created some of Optuna's
+    tables only. Those are Optuna's (names and columns), so the file is not refused; a same-named table of
+    other columns is."""
+    import sqlite3
+
+    from tuner.storage import open_storage
+
+    path = tmp_path / "s.db"
+    open_storage(f"sqlite:///{path}").engine.dispose()
+    with sqlite3.connect(path) as conn:
+        kept = {"studies", "version_info", "study_directions"}
+        for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+            if name not in kept:
+                conn.execute(f'DROP TABLE "{name}"')
+    open_storage(f"sqlite:///{path}")  # completes the schema instead of refusing the file
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE studies (name TEXT)")
+    with pytest.raises(StorageError, match="another program"):
+        open_storage(f"sqlite:///{other}")

@@ -29,23 +29,13 @@ from tuner.space import load_space
 from tuner.storage import StorageError, open_storage
 from tuner.tune import TuneSettings, tune
 
-from .pg_server import PostgresServer, PostgresUnavailable
+from .pg_server import PostgresServer
 
 REPO = Path(__file__).resolve().parents[1]
 STORAGE_MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
        "driver": "0.0"}
 PROBLEM = Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128)
-
-
-@pytest.fixture(scope="module")
-def pg_server():
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as e:
-        pytest.skip(f"no PostgreSQL server: {e}")
-    yield server
-    server.close()
 
 
 def _new_pg_database(server: PostgresServer) -> tuple[str, str]:
@@ -74,7 +64,7 @@ def url(request):
             yield f"sqlite:///{directory}/studies.db"
         return
     pytest.importorskip("psycopg")
-    server = request.getfixturevalue("pg_server")
+    server = request.getfixturevalue("postgres")
     name, database_url = _new_pg_database(server)
     yield database_url
     _drop_pg_database(server, name)

@@ -186,13 +186,22 @@ def _sqlite_path(parsed: URL, url: str) -> Path:
     return Path(database)
 
 
-def _sqlite_tables(path: Path) -> set[str]:
-    """The tables of an existing SQLite file, read without writing anything (not even a journal)."""
+def _optuna_columns() -> dict[str, frozenset[str]]:
+    from optuna.storages._rdb import models
+
+    return {name: frozenset(c.name for c in table.columns) for name, table in models.BaseModel.metadata.tables.items()}
+
+
+def _sqlite_tables(path: Path) -> dict[str, set[str]]:
+    """The tables of an existing SQLite file and their columns, read without writing anything (not even a
+    journal)."""
     uri = path.absolute().as_uri() + "?mode=ro"  # as_uri quotes '#', '?' and '%': the path is the file's own
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
-            return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            return {n: {row[1] for row in conn.execute(f'PRAGMA table_info("{n.replace(chr(34), chr(34) * 2)}")')}
+                    for n in names}
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -220,10 +229,14 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
             size = None
     except OSError as e:
         raise StorageError(f"cannot use {shown}: {e.strerror or e}; choose another --storage") from None
-    tables = _sqlite_tables(path) if size else set()
-    foreign = tables - _optuna_tables()
-    foreign = {t for t in foreign if not t.startswith("sqlite_")}
-    if foreign or (tables and not _CORE_TABLES <= tables):
+    columns = _sqlite_tables(path) if size else {}
+    tables = set(columns)
+    foreign = {t for t in tables - _optuna_tables() if not t.startswith("sqlite_")}
+    # Optuna's tables with Optuna's columns but some tables still missing: another tuner is creating the
+    # schema right now (it completes it, or this one does); a same-named table of other columns is not Optuna's
+    optuna_columns = _optuna_columns()
+    foreign |= {t for t in tables & optuna_columns.keys() if not optuna_columns[t] <= columns[t]}
+    if foreign or (tables and not _CORE_TABLES <= tables and not tables & optuna_columns.keys()):
         listed = ", ".join(printable(t, 40) for t in sorted(foreign or tables)[:5])
         raise StorageError(f"{shown} holds another program's tables ({listed}), not an Optuna study database; "
                            "choose another --storage")

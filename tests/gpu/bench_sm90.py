@@ -255,19 +255,11 @@ def _reference(problem: Problem, q, k, v, scale: float, seed: int) -> dict:
     import numpy as np
 
     from tuner.gpu.measure import check_rows
-    from tuner.gpu.reference import reference_head
-    from tuner.gpu.tensors import to_float32
+    from tuner.gpu.reference import reference_problem
 
     p = problem
     rows = check_rows(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, np.random.default_rng(seed))
-    n_rows = p.seqlen_q if rows is None else len(rows)
-    ref_o = cupy.empty((p.batch, n_rows, p.heads_q, p.head_dim), dtype=cupy.float32)
-    ref_lse = cupy.empty((p.batch, p.heads_q, n_rows), dtype=cupy.float32)
-    group = p.heads_q // p.heads_kv
-    for b in range(p.batch):
-        for h in range(p.heads_q):
-            qh, kh, vh = (to_float32(x, p.dtype) for x in (q[b, :, h], k[b, :, h // group], v[b, :, h // group]))
-            ref_o[b, :, h], ref_lse[b, h] = reference_head(qh, kh, vh, scale, p.causal, rows=rows)
+    ref_o, ref_lse = reference_problem(q, k, v, p, scale, rows=rows)
     return {"rows": None if rows is None else cupy.asarray(rows), "o": ref_o, "lse": ref_lse,
             "o_norm": cupy.sqrt((ref_o * ref_o).sum(axis=(1, 3)))}
 
