@@ -27,8 +27,9 @@ def test_every_shape_gets_a_feasible_plan_with_both_ctas_per_sm_values():
         assert {c["config"]["ctas_per_sm"] for c in configs} == {1, 2}, problem.slug()
         assert {c["config"]["persistent"] for c in configs} == {0, 1}
         assert len(configs) >= 12, problem.slug()
-        if problem.head_dim == 64:
-            assert {"poly2", "wgs3", "wgs3_serial_bn160"} <= {c["name"] for c in configs}
+        if problem.head_dim == 64:  # 3 warpgroups are the d64 default; with one CTA per block too
+            assert {"poly2", "wgs3_serial_bn160"} <= {c["name"] for c in configs}
+            assert {(c["config"]["consumer_wgs"], c["config"]["persistent"]) for c in configs} >= {(3, 0), (3, 1)}
 
 
 def test_quick_plan_is_small():
@@ -61,7 +62,7 @@ def add_kernel(arg):
         time.sleep(30)  # a hang: the parent's timeout kills this worker
     if arg["name"] == "pingpong" and arg["check"]:
         os._exit(3)  # a crash: the parent must set the shape up again in a new worker and go on
-    if arg["name"] == "persistent" and arg["check"]:
+    if arg["name"] == "one_per_block" and arg["check"]:
         return {"failure": "O relative error 1 > 0.002", "rel_error": 1.0, "lse_error": 0.0}
     _STATE["runners"].add(arg["name"])
     return {"failure": None, "rel_error": 1e-4, "lse_error": 1e-6,
@@ -101,7 +102,7 @@ def test_orchestration_reports_wrong_and_crashed_configs_and_times_the_rest(tmp_
     assert len(data["shapes"]) == 2 and data["gemm"]["tflops"] > 1000
     for shape in data["shapes"]:
         status = {c["name"]: c["status"] for c in shape["configs"]}
-        assert status["persistent"] == "wrong" and status["pingpong"] in ("crash", "skipped")
+        assert status["one_per_block"] == "wrong" and status["pingpong"] in ("crash", "skipped")
         assert status["default"] == "ok"
         timed = [c for c in shape["configs"] if c["status"] == "ok"]
         assert timed and all(len(c["round_ms"]) == bench.ROUNDS and c["tflops"] > 0 for c in timed)

@@ -99,13 +99,16 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     """Named partial configs: the default, and what one knob away may pay at short N (with the
     register budgets that knob needs). Infeasible ones are dropped by the static check."""
     cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
+    two_wgs = {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240}  # the d128 default's (d64: 3 warpgroups)
     wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
     ctas2 = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232,
              "block_n": 128 if head_dim == 64 else 64}
     if quick:
-        return {"default": {}, "persistent": {"persistent": 1}, "ctas2": ctas2, "pingpong": {"pingpong": 1}}
+        return {"default": {}, "one_per_block": {"persistent": 0}, "ctas2": {"persistent": 0, **ctas2},
+                "pingpong": {"persistent": 0, "pingpong": 1, **two_wgs}}
     v: dict[str, dict[str, int]] = {
         "default": {},
+        "one_per_block": {"persistent": 0},  # the default is persistent at d64 and d128, not at d256
         "persistent": {"persistent": 1},
         "cta2": cta2,
         "persistent_cta2": {"persistent": 1, **cta2},
@@ -134,6 +137,9 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         })
     else:
         v["ctas2_bn80"] = {**ctas2, "block_n": 80}
+    # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
+    v = {name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
+         for name, partial in v.items()}
     return v
 
 
