@@ -157,7 +157,8 @@ def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int, worker: W
 
     study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
     if top_k > 0:
-        print(f"re-timing the top {top_k} configs and the default, {rounds} rounds ...", file=sys.stderr)
+        print(f"re-timing the configs within the noise of the best (at most {top_k}) and the default, "
+              f"{rounds} rounds ...", file=sys.stderr)
         with contextlib.ExitStack() as stack:
             if worker is None:
                 worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))

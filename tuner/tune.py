@@ -385,7 +385,8 @@ class TuneLoop:
             _finish_duplicate(self.study, trial, self.state.seen[key], self.storage_call)
             self.summary.duplicates += 1
         elif (reason := self.space.check(config, self.problem, self.device)) is not None:
-            self.state.seen[key] = _finish(self.study, trial, self.storage_call, status=TrialStatus.INFEASIBLE, reason=reason)
+            self.state.seen[key] = _finish(self.study, trial, self.storage_call, status=TrialStatus.INFEASIBLE,
+                                           reason=reason)
             self.summary.infeasible += 1
             self._report("infeasible")
         else:
@@ -723,7 +724,6 @@ def compile_pool(settings: TuneSettings) -> cf.Executor:
 
 def _kernel_seconds(result: MeasureResult) -> float:
     """GPU time a measurement spent in the kernel: what the worker reports, else latency x repetitions."""
-    reported = getattr(result, "kernel_ms", None)
-    if reported is not None:
-        return reported / 1e3
+    if result.kernel_ms is not None:
+        return result.kernel_ms / 1e3
     return (result.latency_ms or 0.0) * (result.reps or 0) / 1e3
