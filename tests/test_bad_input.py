@@ -581,7 +581,7 @@ def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     info = dict(H200_INFO, name="NVIDIA\x1b[2J H200\x07")
     monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [info for _ in gpus])
-    monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos: [])
+    monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos: None)
     monkeypatch.setattr(tuner.cli, "_retime_and_print", lambda spec, gpu, top_k, rounds: 0)
     rc, out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
     assert rc == 0, err

@@ -183,8 +183,14 @@ def test_throughput_of_each_run_is_read_and_shown(storage_url):
     first, second = info.rows
     assert first.configs_per_s == 0.5 and first.gpu_busy == 0.0  # an unreadable figure counts as 0
     assert second.configs_per_s == 4.0 and second.gpu_busy == 0.6 and second.compile_wait_s == 5.0
-    table = render_throughput(info)
-    assert "4.00" in table and "60%" in table and table.count("<tr>") == 3
+    assert second.gpus == 1 and second.gpu_busy_measuring == pytest.approx(60 / 70)
+    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hostc:3:2026-01-03T00:00:00",  # one loop driving two GPUs
+                        {"started": "2026-01-03T00:00:00", "gpus": 2, "wall_s": 100.0, "evaluated": 800,
+                         "kernel_s": 100.0, "measure_s": 160.0, "compile_wait_s": 20.0})
+    third = get_throughput_info(study_data(study)).rows[2]
+    assert (third.gpus, third.gpu_busy, third.measure_s, third.compile_wait_s) == (2, 0.5, 80.0, 10.0)
+    table = render_throughput(get_throughput_info(study_data(study)))
+    assert "4.00" in table and "60%" in table and "86%" in table and table.count("<tr>") == 4
     assert "Throughput of the tuning runs" in render_report(studies=[study], storage_url=storage_url)
 
 

@@ -366,7 +366,8 @@ def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing
 def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
     # the database commits the tell, then the connection drops before the reply: the retry
     # finds the trial finished (CI, session 1) and must return it, not fail the tuner
-    from tuner.tune import _finish
+    from tuner.outcomes import finish as _finish
+    from tuner.trial_writes import TrialRef
 
     study = optuna.create_study(storage=storage, direction="maximize")
     trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
@@ -377,7 +378,8 @@ def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
         store()
         return store()
 
-    frozen = _finish(study, trial, commit_then_lose_the_reply, status="ok", attrs={"note": 1}, value=12.5)
+    frozen = _finish(study, TrialRef.of(trial), commit_then_lose_the_reply, config=trial.params,
+                     dists=trial.distributions, status="ok", attrs={"note": 1}, value=12.5)
     assert (frozen.state, frozen.value, frozen.user_attrs["note"]) == (TrialState.COMPLETE, 12.5, 1)
     assert calls == [f"storing trial {trial.number}"]
 
@@ -425,20 +427,97 @@ def test_stopping_does_not_enqueue_again_a_trial_another_tuner_already_failed(st
     import functools
 
     from tuner.heartbeat import REQUEUE_COUNT
+    from tuner.outcomes import stop_cleanly
+    from tuner.search import distributions
     from tuner.storage import retrying
-    from tuner.tune import _stop_cleanly
+    from tuner.trial_writes import TrialRef
 
+    dists = distributions(toy_space)
     study = make_study(storage, toy_space, problem)
     call = functools.partial(retrying, attempts=1)
     taken = study.ask()  # the enqueued default
     study.tell(taken, state=TrialState.FAIL)  # failed as stale by another tuner (which enqueued it again itself)
-    _stop_cleanly(study, [(taken, None, True)], call)
+    stop_cleanly(study, [(TrialRef.of(taken), None, True)], call, dists)
     assert not [t for t in study.get_trials() if t.state == TrialState.WAITING]
 
-    from tuner.search import distributions
-
-    mine = study.ask(distributions(toy_space))
+    mine = study.ask(dists)
     study._storage.set_trial_user_attr(mine._trial_id, REQUEUE_COUNT, 1)
-    _stop_cleanly(study, [(mine, dict(mine.params), True)], call)
+    stop_cleanly(study, [(TrialRef.of(mine), dict(mine.params), True)], call, dists)
     [again] = [t for t in study.get_trials() if t.state == TrialState.WAITING]
     assert again.user_attrs[REQUEUE_COUNT] == 1  # kept: a config that keeps killing workers still runs out
+
+
+# -- several GPUs, measuring beside the loop --------------------------------------------------------------------
+def test_each_gpu_measures_on_a_lane_of_its_own_at_the_same_time(storage, toy_space, problem, sm80):
+    import threading
+    import time
+
+    active, most, lock = [0], [0], threading.Lock()
+
+    class Slow(FakeMeasure):
+        def __call__(self, job):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.15)
+            with lock:
+                active[0] -= 1
+            return super().__call__(job)
+
+    gpus = [Slow(), Slow()]
+    study = make_study(storage, toy_space, problem)
+    summary = tune(study, toy_space, problem, sm80, gpus, settings(10), compiler=fake_compiler)
+    assert summary.evaluated == 10 == len(evaluated_trials(study))
+    assert summary.stats.gpus == 2 and summary.stats.measured_per_gpu == [len(g.calls) for g in gpus]
+    assert all(g.calls for g in gpus) and most[0] == 2  # both GPUs busy at once
+    assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+
+
+def test_an_interruption_while_gpus_measure_re_enqueues_what_they_held(storage, toy_space, problem, sm80):
+    import time
+
+    class Slow(FakeMeasure):
+        def __call__(self, job):
+            time.sleep(0.1)
+            return super().__call__(job)
+
+    study = make_study(storage, toy_space, problem)
+    with pytest.raises(KeyboardInterrupt):
+        tune(study, toy_space, problem, sm80, [Slow(), Slow(interrupt_at=2)], settings(12), compiler=fake_compiler)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    interrupted = {t.number for t in trials if t.state == TrialState.FAIL}
+    assert interrupted and all(t.user_attrs[st.STATUS] == "interrupted" for t in trials if t.number in interrupted)
+    assert {t.user_attrs["requeued_from"] for t in trials if t.state == TrialState.WAITING} == interrupted
+
+
+def test_each_gpu_is_prepared_once_before_its_first_measurement(storage, toy_space, problem, sm80):
+    events = []
+
+    class Prepared(FakeMeasure):
+        def prepare(self, prob, measure_settings):
+            events.append(("prepare", id(self), prob, measure_settings))
+
+        def __call__(self, job):
+            events.append(("measure", id(self)))
+            return super().__call__(job)
+
+    gpus = [Prepared(), Prepared()]
+    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, gpus, settings(6), compiler=fake_compiler)
+    for g in gpus:
+        mine = [e for e in events if e[1] == id(g)]
+        assert mine[0] == ("prepare", id(g), problem, settings(6).measure)
+        assert [e[0] for e in mine[1:]] == ["measure"] * len(g.calls)
+
+
+def test_compile_processes_run_at_a_lower_cpu_priority_than_the_tuner():
+    import os
+
+    from tuner.loop_threads import COMPILE_NICENESS, compile_pool
+
+    pool = compile_pool(1)
+    try:
+        theirs = pool.submit(os.nice, 0).result(timeout=60)
+    finally:
+        pool.shutdown()
+    assert theirs == min(19, os.nice(0) + COMPILE_NICENESS)

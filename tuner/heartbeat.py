@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from .study import EXPLORATION, IS_DEFAULT, REASON, STATUS, StudyError, StudyMeta, TrialStatus
 
@@ -228,7 +228,7 @@ class Heartbeat:
     def __init__(self, storage: optuna.storages.BaseStorage, *, interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         self.storage = storage
         self.interval_s = interval_s
-        self._held: dict[int, int] = {}  # trial number -> trial id
+        self._held: set[int] = set()  # ids of the trials this process holds
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flashtune-heartbeat", daemon=True)
@@ -246,23 +246,25 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 5)
 
-    def hold(self, trial: Trial) -> None:
-        """Start beating for ``trial``: record this process as its owner and beat once now, so a death right
-        after ask is still noticed and a live owner is never taken for a dead one."""
+    def hold(self, trial_id: int, *, recorded: bool = False) -> None:
+        """Start beating for a trial: record this process as its owner and beat once now, so a death right
+        after ask is still noticed and a live owner is never taken for a dead one. ``recorded``: the
+        trial was created with its owner and first beat (:func:`tuner.trial_writes.create_running_trial`)."""
         with self._lock:
-            self._held[trial.number] = trial._trial_id
-        if self.enabled:
-            try:
-                self.storage.set_trial_system_attr(trial._trial_id, OWNER, this_process())
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # another tuner failed it already: the tuning loop finds out when it draws or stores
-            except Exception:  # noqa: BLE001 - the beat below is what recovery needs most
-                self.errors += 1
-        self._beat(trial._trial_id)
+            self._held.add(trial_id)
+        if not self.enabled or recorded:
+            return
+        try:
+            self.storage.set_trial_system_attr(trial_id, OWNER, this_process())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another tuner failed it already: the tuning loop finds out when it draws or stores
+        except Exception:  # noqa: BLE001 - the beat below is what recovery needs most
+            self.errors += 1
+        self._beat(trial_id)
 
-    def release(self, trial: Trial) -> None:
+    def release(self, trial_id: int) -> None:
         with self._lock:
-            self._held.pop(trial.number, None)
+            self._held.discard(trial_id)
 
     def _beat(self, trial_id: int) -> None:
         if not self.enabled:
@@ -275,6 +277,6 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             with self._lock:
-                ids = list(self._held.values())
+                ids = list(self._held)
             for trial_id in ids:
                 self._beat(trial_id)

@@ -1,9 +1,9 @@
-"""Running a study on one host: one measuring process per GPU, all on the same stored study.
+"""Running a study on one host: one tuning loop drives the host's GPUs, a GPU worker each.
 
 ``flashtune tune`` creates (or resumes) the study, then calls :func:`run_on_gpus`; ``flashtune
-worker`` joins an existing study from any host through :func:`spec_from_study`. Every GPU gets
-its own process with its own GPU worker and compile-ahead pool; they share nothing but the
-storage, so a study can take any number of hosts on a shared PostgreSQL database.
+worker`` joins an existing study from any host through :func:`spec_from_study`. Hosts share
+nothing but the storage, so a study can take any number of them on a shared PostgreSQL
+database. A suite (:func:`tune_suite`) gives each GPU a process of its own and its own studies.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from . import study as st
 from .devices import DeviceLimits, gpu_unavailable
 from .errors import UsageError
 from .heartbeat import requeue_stale
+from .jobs import MeasureJob, MeasureResult, MeasureSettings
 from .problem import Problem
 from .progress import Progress
 from .search import make_sampler, make_search
@@ -252,84 +253,74 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
 
 @contextlib.contextmanager
 def _shared_pool(settings: TuneSettings):
-    pool = compile_pool(settings)
+    pool = compile_pool(settings.compile_workers)
     try:
         yield pool
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> list[TuneSummary]:
-    """Tune ``spec``'s study with one process per GPU (in this process when there is one GPU)."""
+def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> TuneSummary:
+    """Tune ``spec``'s study on ``gpus`` of this host: one loop, one search and one compile pool, a GPU
+    worker per GPU (see :mod:`tuner.tune`)."""
     stored_gpu = _stored_gpu_name(spec)
     for index, info in zip(gpus, infos):
         if info["name"] != stored_gpu:
             raise UsageError(f"GPU {index} is {info['name']!r} but study {spec.study_name!r} is measured on "
                              f"{stored_gpu!r}; timings do not compare")
-    if len(gpus) == 1:
-        return [run_on_gpu(spec, gpus[0], label="")]
-    share = max(1, spec.settings.compile_workers // len(gpus))
-    per_gpu = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, compile_workers=share))
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    # not a Pool: its processes are daemons, which may not start the GPU worker and compile processes
-    processes = [ctx.Process(target=_gpu_process, args=(per_gpu, g, f"[gpu {g}] ", results), name=f"flashtune-gpu-{g}")
-                 for g in gpus]
-    for p in processes:
-        p.start()
-    summaries: dict[int, TuneSummary] = {}
-    try:
-        for p in processes:
-            p.join()
-        while not results.empty():
-            gpu, summary = results.get()
-            summaries[gpu] = summary
-    finally:
-        for p in processes:
-            if p.is_alive():
-                p.terminate()
-    failed = [g for g, p in zip(gpus, processes) if p.exitcode != 0 or g not in summaries]
-    if failed:
-        raise UsageError(f"the tuning process of GPU(s) {failed} failed (see its messages above); finished trials "
-                         "are stored: rerun to resume")
-    return [summaries[g] for g in gpus]
+    return run_on_gpu(spec, gpus)
 
 
-def _gpu_process(spec: RunSpec, gpu: int, label: str, results) -> None:
-    try:
-        results.put((gpu, run_on_gpu(spec, gpu, label)))
-    except Exception as e:  # noqa: BLE001 - reported here, counted as a failure by the parent
-        print(f"{label}error: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-def run_on_gpu(spec: RunSpec, gpu: int, label: str = "", *, worker: Worker | None = None,
+def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, worker: Worker | None = None,
                pool: cf.Executor | None = None) -> TuneSummary:
-    """One GPU's tuning loop: its own storage connection and search; the GPU worker and compile pool given
-    (a suite shares them across its studies), else its own."""
+    """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own storage connection and
+    search; the GPU worker (one GPU) and compile pool given (a suite shares them across its studies), else
+    its own."""
+    gpus = [gpus] if isinstance(gpus, int) else list(gpus)
+    if worker is not None and len(gpus) != 1:
+        raise ValueError("a given worker measures on one GPU")
     space = load_space(spec.family)
     storage = _open(spec.storage_url)
-    seed = None if spec.seed is None else spec.seed + 7919 * gpu + _host_salt()
+    seed = None if spec.seed is None else spec.seed + 7919 * gpus[0] + _host_salt()
     study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage), what="loading the study")
     module, _, function = spec.compiler.partition(":")
     compiler = getattr(importlib.import_module(module), function)
     with contextlib.ExitStack() as stack:
-        if worker is None:
-            worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))
-        info = worker.call("device_info", timeout_s=120)
+        workers = [worker] if worker is not None else [stack.enter_context(Worker(device=g, handler=spec.handler))
+                                                       for g in gpus]
+        info = workers[0].call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
         search = make_search(spec.sampler, space, spec.problem, device, seed)
-        summary = tune(study, space, spec.problem, device, lambda job: worker.measure(job, timeout_s=timeout),
-                       spec.settings, search=search, compiler=compiler, progress=Progress(prefix=label), pool=pool)
+        measures = [_WorkerGpu(w, timeout) for w in workers]
+        summary = tune(study, space, spec.problem, device, measures, spec.settings, search=search, compiler=compiler,
+                       progress=Progress(prefix=label), pool=pool)
     s = search.stats
+    restarts = sum(w.restarts for w in workers)
     print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
           f"{summary.failed} failed, {summary.explorations} explorations, {summary.duplicates} duplicate enqueued "
-          f"configs, {worker.restarts} worker restarts; search: {s.asks} proposals drawn, {s.infeasible} "
+          f"configs, {restarts} worker restarts; search: {s.asks} proposals drawn, {s.infeasible} "
           f"infeasible (repaired), {s.repeats} repeats", file=sys.stderr)
     if summary.stats is not None:
         print(f"{label}throughput: {summary.stats.line()}", file=sys.stderr)
     return summary
+
+
+@dataclass(frozen=True)
+class _WorkerGpu:
+    """A GPU as the tuning loop measures on it: its worker process, each job within ``timeout_s``."""
+
+    worker: Worker
+    timeout_s: float
+
+    def __call__(self, job: MeasureJob) -> MeasureResult:
+        return self.worker.measure(job, timeout_s=self.timeout_s)
+
+    def prepare(self, problem: Problem, settings: MeasureSettings) -> None:
+        """The problem's inputs and the worker's warm-up, before the first job (a handler without it: skipped;
+        a failure shows again, and is dealt with, in the first job)."""
+        with contextlib.suppress(WorkerError):
+            self.worker.call("prepare", (problem, settings), timeout_s=max(self.timeout_s, 300.0))
 
 
 def _stored_gpu_name(spec: RunSpec) -> str:

@@ -33,8 +33,9 @@ SHAPES = {
     "bf16-full-n2048": ["--dtype", "bf16", "--head-dim", "128", "--batch", "8", "--seqlen", "2048", "--heads", "16"],
 }
 
-_THROUGHPUT = re.compile(r"throughput: (\d+) configs in (\d+) s = ([\d.]+)/s, GPU busy (\d+)% \((\d+)% while "
-                         r"measuring\).*?waiting for compiles (\d+) s, search (\d+) s, storage (\d+) s")
+_THROUGHPUT = re.compile(r"throughput: (\d+) configs in (\d+) s = ([\d.]+)/s on (\d+) GPUs?, GPU busy (\d+)% "
+                         r"\((\d+)% while measuring\); per GPU: measuring (\d+) s, waiting for compiles (\d+) s "
+                         r"\(preparing \d+ s\); the loop: search (\d+) s, storage (\d+) s")
 
 
 def sweep(name: str, out: Path, gpus: str, workers: int) -> dict:
@@ -56,8 +57,9 @@ def sweep(name: str, out: Path, gpus: str, workers: int) -> dict:
     row = {"shape": name, "gpus": gpus, "compile_workers": workers, "exit": proc.returncode, "wall_s": round(wall, 1),
            "evaluated": evaluated, "configs_per_s": round(evaluated / wall, 2) if wall else 0.0,
            "per_process": [{"evaluated": int(r[0]), "wall_s": int(r[1]), "configs_per_s": float(r[2]),
-                            "gpu_busy": int(r[3]) / 100, "gpu_busy_measuring": int(r[4]) / 100,
-                            "compile_wait_s": int(r[5]), "search_s": int(r[6]), "storage_s": int(r[7])}
+                            "gpus": int(r[3]), "gpu_busy": int(r[4]) / 100, "gpu_busy_measuring": int(r[5]) / 100,
+                            "measure_s": int(r[6]), "compile_wait_s": int(r[7]), "search_s": int(r[8]),
+                            "storage_s": int(r[9])}
                            for r in runs], "storage": str(db)}
     print(f"[{time.strftime('%H:%M:%S')}] {name} on GPUs {gpus}: exit {proc.returncode}, {evaluated} configs in "
           f"{wall:.0f} s", flush=True)
@@ -85,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             installed.unlink()
     (args.out / f"bench_tuning_gpus_{args.gpus.replace(',', '_')}.json").write_text(json.dumps(rows, indent=1))
     print(f"{'shape':<18} {'GPUs':>5} {'workers':>7} {'configs':>7} {'wall s':>7} {'configs/s':>9}  per process: "
-          "configs/s, GPU busy (while measuring), compile wait s, search s, storage s")
+          "configs/s, GPU busy (while measuring), per GPU: measuring s, compile wait s; search s, storage s")
     for r in rows:
         procs = "; ".join(f"{p['configs_per_s']:.2f}, {100 * p['gpu_busy']:.0f}% "
-                          f"({100 * p['gpu_busy_measuring']:.0f}%), {p['compile_wait_s']}, "
+                          f"({100 * p['gpu_busy_measuring']:.0f}%), {p['measure_s']}, {p['compile_wait_s']}; "
                           f"{p['search_s']}, {p['storage_s']}" for p in r["per_process"])
         print(f"{r['shape']:<18} {r['gpus']:>5} {r['compile_workers']:>7} {r['evaluated']:>7} {r['wall_s']:>7.0f} "
               f"{r['configs_per_s']:>9.2f}  {procs}")

@@ -27,7 +27,7 @@ from .reference import masked_rows
 from .stopping import TimingStats, next_batch, timing_stats, warmup_launches
 from .tensors import poison, storage_dtype, to_float32
 
-__all__ = ["setup", "is_fatal", "device_count", "device_info", "run_job", "check_kernel", "check_output",
+__all__ = ["setup", "is_fatal", "device_count", "device_info", "prepare", "run_job", "check_kernel", "check_output",
            "time_kernel", "Timing", "check_rows"]
 
 _FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not say how large its L2 is
@@ -60,6 +60,27 @@ def device_count(_: object = None) -> int:
 
 def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
+
+
+def prepare(argument: tuple) -> float:
+    """``(problem, settings)``, before a study's first job: make the problem's inputs and reference (kept for
+    its jobs) and run the check once on a zero output, so that CuPy compiles its kernels now (seconds, on
+    a new machine), beside the tuner's first compiles, not inside the first measurement. Returns its ms."""
+    p, settings = argument
+    t0 = time.perf_counter()
+    data, _ = _inputs.get(p, settings.input_scale, settings.seed, fresh=False)
+    o = cupy.empty(data.q.shape, dtype=storage_dtype(p.dtype))
+    lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
+    poison(o, p.dtype)
+    poison(lse)
+    o.fill(0)
+    lse.fill(0)
+    check_output(p, data, o, lse)
+    data.intact()
+    if settings.flush_l2:
+        _flush_buffer().fill(1)
+    _timed_batch(lambda: None, 1, None)
+    return _ms_since(t0)
 
 
 def run_job(job: MeasureJob) -> MeasureResult:
