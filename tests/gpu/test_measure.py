@@ -27,7 +27,7 @@ def job_for(device):
     kernel = compile_config(space, config, PROBLEM, device)
 
     def job(**settings):
-        return measure_job_for(space, config, PROBLEM, device, kernel, MeasureSettings(seed=SEED, **settings),
+        return measure_job_for(space, config, PROBLEM, device, kernel, MeasureSettings(**{"seed": SEED, **settings}),
                                tag="measure")
 
     return job
@@ -74,3 +74,12 @@ def test_peers_are_timed_the_same_way(worker):
     assert any(r["name"].startswith("cublas_gemm") for r in timed)
     for r in timed:
         assert r["reps"] >= MeasureSettings().min_reps and r["rel_ci"] is not None and r["tflops"] > 0
+
+
+def test_preparing_a_problem_makes_its_inputs_before_the_first_job(worker, job_for):
+    settings = MeasureSettings(seed=SEED + 1)
+    ms = worker.call("prepare", (PROBLEM, settings), timeout_s=300)
+    assert ms > 0
+    first = worker.measure(job_for(timing=False, seed=SEED + 1))
+    assert first.ok, first.detail
+    assert first.phases_ms["inputs"] == 0  # made by prepare, kept for the jobs
