@@ -12,6 +12,8 @@ outputs, compared with the reference on every (batch, head)) and ``timing`` (ada
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import functools
 import math
 import time
@@ -63,24 +65,63 @@ def _ms_since(t0: float) -> float:
 
 
 def prepare(argument: tuple) -> float:
-    """``(problem, settings)``, before a study's first job: make the problem's inputs and reference (kept for
-    its jobs) and run the check once on a zero output, so that CuPy compiles its kernels now (seconds, on
-    a new machine), beside the tuner's first compiles, not inside the first measurement. Returns its ms."""
+    """``(problem, settings)``, before a study's first job: compile CuPy's kernels of the data and check
+    paths (seconds on a new machine: :func:`_warm_up`), make the problem's inputs and reference (kept
+    for its jobs) and run the check once on a zero output, so that all of it happens beside the tuner's
+    first compiles, not inside the first measurement. Returns its ms."""
     p, settings = argument
     t0 = time.perf_counter()
+    _warm_up(p, settings)
     data, _ = _inputs.get(p, settings.input_scale, settings.seed, fresh=False)
-    o = cupy.empty(data.q.shape, dtype=storage_dtype(p.dtype))
-    lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
-    poison(o, p.dtype)
-    poison(lse)
-    o.fill(0)
-    lse.fill(0)
+    o, lse = _zero_outputs(p)
     check_output(p, data, o, lse)
     data.intact()
     if settings.flush_l2:
         _flush_buffer().fill(1)
     _timed_batch(lambda: None, 1, None)
     return _ms_since(t0)
+
+
+def _zero_outputs(p):
+    o = cupy.empty((p.batch, p.seqlen_q, p.heads_q, p.head_dim), dtype=storage_dtype(p.dtype))
+    lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
+    poison(o, p.dtype)
+    poison(lse)
+    o.fill(0)
+    lse.fill(0)
+    return o, lse
+
+
+def _warm_up(p, settings: MeasureSettings) -> None:
+    """Compile the kernels CuPy needs for ``p``'s data and check, several at once: each path runs on a tiny
+    problem of the same dtype, mask, head dim and head grouping in a thread of its own (NVRTC compiles
+    without holding the GIL). What the tiny runs miss compiles when it is first used."""
+    tiny = dataclasses.replace(p, batch=1, heads_q=p.heads_q // p.heads_kv, heads_kv=1,
+                               seqlen_q=min(p.seqlen_q, 96), seqlen_k=min(p.seqlen_k, 80 if p.seqlen_k < p.seqlen_q
+                                                                       else 96))
+    device = cupy.cuda.Device().id
+
+    def data_path() -> None:
+        make_problem_data(tiny, settings.input_scale, 0)
+
+    def check_path() -> None:
+        ref_o = cupy.ones((tiny.batch, tiny.seqlen_q, tiny.heads_q, tiny.head_dim), dtype=cupy.float32)
+        ref_lse = cupy.ones((tiny.batch, tiny.heads_q, tiny.seqlen_q), dtype=cupy.float32)
+        data = ProblemData(q=None, k=None, v=None, rows=None, ref_o=ref_o, ref_lse=ref_lse, seed=0)
+        check_output(tiny, data, *_zero_outputs(tiny))
+
+    def flush_path() -> None:
+        if settings.flush_l2:
+            _flush_buffer().fill(1)
+
+    def on_device(path: Callable[[], None]) -> None:
+        cupy.cuda.Device(device).use()  # a thread's current device is device 0 until it says otherwise
+        path()
+        cupy.cuda.get_current_stream().synchronize()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3, thread_name_prefix="flashtune-warm-up") as pool:
+        for future in [pool.submit(on_device, path) for path in (data_path, check_path, flush_path)]:
+            future.result()
 
 
 def run_job(job: MeasureJob) -> MeasureResult:
