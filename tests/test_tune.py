@@ -521,3 +521,35 @@ def test_compile_processes_run_at_a_lower_cpu_priority_than_the_tuner():
     finally:
         pool.shutdown()
     assert theirs == min(19, os.nice(0) + COMPILE_NICENESS)
+
+
+def test_compile_processes_exit_when_their_tuner_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, sys; from tuner.loop_threads import compile_pool\n"
+              "pool = compile_pool(2)\n"
+              "print(*{pool.submit(os.getpid).result() for _ in range(8)}, flush=True)\n"
+              "import time; time.sleep(600)\n")
+    tuner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    children = [int(pid) for pid in tuner.stdout.readline().split()]
+    assert children
+    tuner.send_signal(signal.SIGKILL)
+    tuner.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for init to collect it is gone too
+            return f.read().split(")")[-1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in children if alive(p)]

@@ -39,15 +39,25 @@ class _InlineExecutor(cf.Executor):
 
 def compile_pool(workers: int) -> cf.Executor:
     """``workers`` spawned processes (0: compile in this thread), at a lower CPU priority than the tuner and
-    its GPU workers: with every core compiling, a GPU worker that waits for a core holds up the GPU."""
+    its GPU workers (with every core compiling, a GPU worker that waits for a core holds up the GPU); each
+    exits when the tuner that started it is gone, even killed with SIGKILL."""
     if workers == 0:
         return _InlineExecutor()
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_yield_cpu)
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                  initializer=_compile_process_setup, initargs=(os.getpid(),))
 
 
-def _yield_cpu() -> None:
+def _compile_process_setup(tuner_pid: int) -> None:
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or not a POSIX system: compile as is
         os.nice(COMPILE_NICENESS)
+    threading.Thread(target=_exit_when_orphaned, args=(tuner_pid,), name="flashtune-orphan-watch",
+                     daemon=True).start()
+
+
+def _exit_when_orphaned(tuner_pid: int, interval_s: float = 1.0) -> None:
+    while os.getppid() == tuner_pid:
+        time.sleep(interval_s)
+    os._exit(0)  # the pool's manager is gone with the tuner: nobody will collect what this process compiles
 
 
 class _SerialThread:
