@@ -58,14 +58,17 @@ class RunSpec:
 
 
 def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[str, Any]]:
-    """What each GPU's worker reports; refuses a mix of GPU models (their timings do not compare)."""
-    infos = []
-    for index in gpus:
+    """What each GPU's worker reports (asked of all GPUs at once); refuses a mix of GPU models (their timings
+    do not compare)."""
+    def info(index: int) -> dict[str, Any]:
         with Worker(device=index, handler=handler) as worker:
             try:
-                infos.append(worker.call("device_info", timeout_s=120))
+                return worker.call("device_info", timeout_s=120)
             except WorkerError as e:
                 raise gpu_unavailable(index, str(e)) from None
+
+    with cf.ThreadPoolExecutor(max_workers=len(gpus)) as pool:
+        infos = list(pool.map(info, gpus))
     names = {info["name"] for info in infos}
     if len(names) > 1:
         raise UsageError(f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
@@ -268,14 +271,15 @@ def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> 
         if info["name"] != stored_gpu:
             raise UsageError(f"GPU {index} is {info['name']!r} but study {spec.study_name!r} is measured on "
                              f"{stored_gpu!r}; timings do not compare")
-    return run_on_gpu(spec, gpus)
+    return run_on_gpu(spec, gpus, info=infos[0])
 
 
 def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, worker: Worker | None = None,
-               pool: cf.Executor | None = None) -> TuneSummary:
+               pool: cf.Executor | None = None, info: dict[str, Any] | None = None) -> TuneSummary:
     """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own storage connection and
     search; the GPU worker (one GPU) and compile pool given (a suite shares them across its studies), else
-    its own."""
+    its own. ``info``: what the GPUs reported (:func:`gpu_infos`), else the first worker is asked; given,
+    the loop starts compiling while the workers start."""
     gpus = [gpus] if isinstance(gpus, int) else list(gpus)
     if worker is not None and len(gpus) != 1:
         raise ValueError("a given worker measures on one GPU")
@@ -288,7 +292,8 @@ def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, worker:
     with contextlib.ExitStack() as stack:
         workers = [worker] if worker is not None else [stack.enter_context(Worker(device=g, handler=spec.handler))
                                                        for g in gpus]
-        info = workers[0].call("device_info", timeout_s=120)
+        if info is None:
+            info = workers[0].call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
         search = make_search(spec.sampler, space, spec.problem, device, seed)
