@@ -184,7 +184,7 @@ def fake_gpu_run(monkeypatch):
 
     runs: list[str] = []
 
-    def run_on_gpu(spec, gpu, label="", *, worker=None, pool=None):
+    def run_on_gpu(spec, gpu, label="", *, workers=None, pool=None):
         runs.append(spec.study_name)
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         fill_study(study, load_space(spec.family), spec.problem, n_trials=spec.settings.n_trials, seed=len(runs),

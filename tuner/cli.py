@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -160,8 +161,23 @@ def _gpu_infos(gpus: list[int]):
     """What each GPU reports (:func:`tuner.run.gpu_infos`), with the one no-GPU message when there is no driver."""
     from .run import gpu_infos
 
-    try:
+    with _no_gpu_message(gpus):
         return gpu_infos(gpus)
+
+
+@contextlib.contextmanager
+def _open_gpus(gpus: list[int]):
+    """A started worker per GPU and what each reports (:func:`tuner.run.open_gpus`), with the one no-GPU message."""
+    from .run import open_gpus
+
+    with _no_gpu_message(gpus), open_gpus(gpus) as opened:
+        yield opened
+
+
+@contextlib.contextmanager
+def _no_gpu_message(gpus: list[int]):
+    try:
+        yield
     except UsageError as e:
         if "no usable GPU" in str(e) and missing_driver():  # CUDA blames "driver version insufficient"
             raise gpu_unavailable(gpus[0] if len(gpus) == 1 else None, str(e)) from None
@@ -225,14 +241,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
                    sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
     _validate_early(spec)
     gpus = _gpus(args.gpus)
-    infos = _gpu_infos(gpus)  # before anything is created in the storage
-    spec = prepare_study(spec, infos[0])
-    info = infos[0]
-    print(f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
-          f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
-          f"{printable(info.get('driver_version', info.get('driver', '?')), 40)})", file=sys.stderr)
-    run_on_gpus(spec, gpus, infos)
-    return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
+    # the GPU workers start (and the compile processes with them) before anything is created in the storage;
+    # the same workers tune and re-time
+    with _compile_pool(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
+        spec = prepare_study(spec, infos[0])
+        info = infos[0]
+        print(f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
+              f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
+              f"{printable(info.get('driver_version', info.get('driver', '?')), 40)})", file=sys.stderr)
+        run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
+        return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -240,10 +258,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     spec = spec_from_study(args.storage, args.study, n_trials=args.trials, settings=_settings(args, args.trials))
     gpus = _gpus(args.gpus)
-    run_on_gpus(spec, gpus, _gpu_infos(gpus))
-    if args.top_k > 0:
-        return _retime_and_print(spec, gpus[0], args.top_k, args.rounds)
+    with _compile_pool(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
+        run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
+        if args.top_k > 0:
+            return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
     return 0
+
+
+@contextlib.contextmanager
+def _compile_pool(settings):
+    """The run's compile processes, started now (they import while the GPU workers start), shut on leaving."""
+    from .loop_threads import compile_pool, start_processes
+
+    pool = compile_pool(settings.compile_workers)
+    start_processes(pool, settings.compile_workers)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _validate_early(spec) -> None:
@@ -261,10 +293,10 @@ def _validate_early(spec) -> None:
     check_storage(spec.storage_url)
 
 
-def _retime_and_print(spec, gpu: int, top_k: int, rounds: int) -> int:
+def _retime_and_print(spec, worker, top_k: int, rounds: int) -> int:
     from .run import retime_winner
 
-    return _print_best(retime_winner(spec, gpu, top_k=top_k, rounds=rounds), as_json=False)
+    return _print_best(retime_winner(spec, worker.device, top_k=top_k, rounds=rounds, worker=worker), as_json=False)
 
 
 def _print_best(study, *, as_json: bool) -> int:

@@ -17,7 +17,7 @@ import multiprocessing as mp
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,8 @@ from .text import printable
 from .tune import TuneSettings, TuneSummary, compile_pool, tune
 from .worker import Worker, WorkerError
 
-__all__ = ["RunSpec", "gpu_infos", "prepare_study", "retime_winner", "run_on_gpus", "spec_from_study", "tune_suite",
-           "warm_start_configs"]
+__all__ = ["RunSpec", "gpu_infos", "open_gpus", "prepare_study", "retime_winner", "run_on_gpus", "spec_from_study",
+           "tune_suite", "warm_start_configs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,23 +57,36 @@ class RunSpec:
     compiler: str = "tuner.compile:compile_outcome"  # "module:function" run in the compile pool
 
 
-def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[str, Any]]:
-    """What each GPU's worker reports (asked of all GPUs at once); refuses a mix of GPU models (their timings
-    do not compare)."""
-    def info(index: int) -> dict[str, Any]:
-        with Worker(device=index, handler=handler) as worker:
-            try:
-                return worker.call("device_info", timeout_s=120)
-            except WorkerError as e:
-                raise gpu_unavailable(index, str(e)) from None
+@contextlib.contextmanager
+def open_gpus(gpus: list[int],
+              handler: str = "tuner.gpu.measure") -> Iterator[tuple[list[Worker], list[dict[str, Any]]]]:
+    """A GPU worker per GPU, all started at once, and what each GPU reports; refuses a mix of GPU models
+    (their timings do not compare). The workers are closed on leaving."""
+    workers = [Worker(device=index, handler=handler) for index in gpus]
 
-    with cf.ThreadPoolExecutor(max_workers=len(gpus)) as pool:
-        infos = list(pool.map(info, gpus))
-    names = {info["name"] for info in infos}
-    if len(names) > 1:
-        raise UsageError(f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
-                         "compare: tune each model in its own study (--gpus with one model)")
-    return infos
+    def info(worker: Worker) -> dict[str, Any]:
+        try:
+            return worker.call("device_info", timeout_s=120)
+        except WorkerError as e:
+            raise gpu_unavailable(worker.device, str(e)) from None
+
+    try:
+        with cf.ThreadPoolExecutor(max_workers=len(gpus)) as pool:
+            infos = list(pool.map(info, workers))
+        names = {i["name"] for i in infos}
+        if len(names) > 1:
+            raise UsageError(f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
+                             "compare: tune each model in its own study (--gpus with one model)")
+        yield workers, infos
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def gpu_infos(gpus: list[int], handler: str = "tuner.gpu.measure") -> list[dict[str, Any]]:
+    """What each GPU's worker reports (see :func:`open_gpus`); the workers are closed again."""
+    with open_gpus(gpus, handler) as (_, infos):
+        return infos
 
 
 def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
@@ -248,7 +261,7 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
                 if starts:
                     print(f"{label}{head}: starts from the winners of {', '.join(s for s, _ in starts)}",
                           file=sys.stderr)
-            run_on_gpu(spec, gpu, label, worker=worker, pool=pool)
+            run_on_gpu(spec, gpu, label, workers=[worker], pool=pool)
             study = retime_winner(spec, gpu, top_k=top_k, rounds=rounds, worker=worker)
             if on_done is not None:
                 on_done(study)
@@ -263,26 +276,27 @@ def _shared_pool(settings: TuneSettings):
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]]) -> TuneSummary:
+def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, workers: list[Worker] | None = None,
+                pool: cf.Executor | None = None) -> TuneSummary:
     """Tune ``spec``'s study on ``gpus`` of this host: one loop, one search and one compile pool, a GPU
-    worker per GPU (see :mod:`tuner.tune`)."""
+    worker per GPU (see :mod:`tuner.tune`); the workers (:func:`open_gpus`) and pool given, else its own."""
     stored_gpu = _stored_gpu_name(spec)
     for index, info in zip(gpus, infos):
         if info["name"] != stored_gpu:
             raise UsageError(f"GPU {index} is {info['name']!r} but study {spec.study_name!r} is measured on "
                              f"{stored_gpu!r}; timings do not compare")
-    return run_on_gpu(spec, gpus, info=infos[0])
+    return run_on_gpu(spec, gpus, info=infos[0], workers=workers, pool=pool)
 
 
-def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, worker: Worker | None = None,
+def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, workers: list[Worker] | None = None,
                pool: cf.Executor | None = None, info: dict[str, Any] | None = None) -> TuneSummary:
     """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own storage connection and
-    search; the GPU worker (one GPU) and compile pool given (a suite shares them across its studies), else
-    its own. ``info``: what the GPUs reported (:func:`gpu_infos`), else the first worker is asked; given,
-    the loop starts compiling while the workers start."""
+    search; the GPU workers (one per GPU, in order) and compile pool given (a suite shares them across its
+    studies), else its own. ``info``: what the GPUs reported (:func:`open_gpus`), else the first worker is
+    asked; given, the loop starts compiling while new workers start."""
     gpus = [gpus] if isinstance(gpus, int) else list(gpus)
-    if worker is not None and len(gpus) != 1:
-        raise ValueError("a given worker measures on one GPU")
+    if workers is not None and [w.device for w in workers] != gpus:
+        raise ValueError(f"workers for GPUs {[w.device for w in workers]} given to measure on GPUs {gpus}")
     space = load_space(spec.family)
     storage = _open(spec.storage_url)
     seed = None if spec.seed is None else spec.seed + 7919 * gpus[0] + _host_salt()
@@ -290,8 +304,8 @@ def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, worker:
     module, _, function = spec.compiler.partition(":")
     compiler = getattr(importlib.import_module(module), function)
     with contextlib.ExitStack() as stack:
-        workers = [worker] if worker is not None else [stack.enter_context(Worker(device=g, handler=spec.handler))
-                                                       for g in gpus]
+        if workers is None:
+            workers = [stack.enter_context(Worker(device=g, handler=spec.handler)) for g in gpus]
         if info is None:
             info = workers[0].call("device_info", timeout_s=120)
         device = DeviceLimits.from_info(info)
