@@ -150,3 +150,22 @@ def test_close_stops_the_process_and_a_later_call_restarts():
         assert w.call("pid") != pid
     finally:
         w.close()
+
+
+def test_calls_from_several_threads_take_turns():
+    """A GPU's measuring lane may still be preparing when the tuner re-times on the same worker."""
+    import concurrent.futures as cf
+
+    from tuner.jobs import MeasureJob, MeasureSettings
+    from tuner.problem import Problem
+
+    job = MeasureJob(cubin_path="", entry="", abi="", grid=(1, 1, 1), threads=1, smem_bytes=0,
+                     problem=Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=64),
+                     config={"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}, abi_params={},
+                     settings=MeasureSettings(), tag="t")
+    with Worker(handler="tests.fakes.standin_gpu") as worker, cf.ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(worker.call, "device_info") if i % 2 else pool.submit(worker.measure, job)
+                 for i in range(80)]
+        results = [f.result() for f in calls]
+    assert all(isinstance(r, dict) for r in results[1::2])
+    assert all(isinstance(r, MeasureResult) and r.status == "ok" for r in results[0::2])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing as mp
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class Worker:
         self._child: _Child | None = None
         self._started = 0  # processes started so far
         self.restarts = 0  # processes started to replace one that hung, crashed or exited
+        self._calling = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def _ensure(self) -> _Child:
@@ -117,7 +119,12 @@ class Worker:
 
     # -- calls -----------------------------------------------------------------------------
     def call(self, function: str, argument: Any = None, *, timeout_s: float = 120.0) -> Any:
-        """Run ``handler.function(argument)`` in the child and return its result."""
+        """Run ``handler.function(argument)`` in the child and return its result. Calls from several threads
+        (a GPU's measuring lane and the re-timing after it) take turns: one call at a time is on the pipe."""
+        with self._calling:
+            return self._call(function, argument, timeout_s)
+
+    def _call(self, function: str, argument: Any, timeout_s: float) -> Any:
         child = self._ensure()
         child.conn.send((function, argument))
         if not child.conn.poll(timeout_s):
