@@ -13,7 +13,6 @@ outputs, compared with the reference on every (batch, head)) and ``timing`` (ada
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import math
@@ -41,17 +40,6 @@ _event_pool: list[tuple[cupy.cuda.Event, cupy.cuda.Event]] = []
 def setup(device: int) -> None:
     cupy.cuda.Device(device).use()
     cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # create the context now, not in the first job
-    _plain_reductions()
-
-
-def _plain_reductions() -> None:
-    """Reduce with CuPy's own kernels, not CUB's: compiling CUB's for each dtype took 12 of the 16-25 s a
-    new H200 machine spent preparing its first study, and the checks' reductions are not what is timed."""
-    with contextlib.suppress(ImportError, AttributeError):  # another CuPy: leave it as it is
-        from cupy._core import _accelerator
-
-        _accelerator.set_reduction_accelerators([])
-        _accelerator.set_routine_accelerators([])
 
 
 def is_fatal(exc: BaseException) -> bool:
