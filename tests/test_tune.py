@@ -554,16 +554,3 @@ def test_compile_processes_exit_when_their_tuner_is_killed(tmp_path):
         time.sleep(0.2)
     assert not [p for p in children if alive(p)]
 
-
-def test_compile_processes_can_be_started_before_the_first_compile():
-    import os
-
-    from tuner.loop_threads import compile_pool, start_processes
-
-    pool = compile_pool(2)
-    try:
-        start_processes(pool, 2)
-        assert len(pool._processes) == 2  # started now, importing while the tuner starts its GPU workers
-        assert pool.submit(os.getpid).result(timeout=60) in pool._processes
-    finally:
-        pool.shutdown()

@@ -229,7 +229,7 @@ def _settings(args: argparse.Namespace, n_trials: int | None):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .run import RunSpec, prepare_study, run_on_gpus
+    from .run import RunSpec, compile_processes, prepare_study, run_on_gpus
     from .storage import mask_url
 
     if getattr(args, "suite", None):
@@ -241,9 +241,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                    sampler=args.sampler, seed=args.seed, settings=_settings(args, args.trials))
     _validate_early(spec)
     gpus = _gpus(args.gpus)
-    # the GPU workers start (and the compile processes with them) before anything is created in the storage;
-    # the same workers tune and re-time
-    with _compile_pool(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
+    # the GPU workers (all GPUs at once) start before anything is created in the storage; they tune and re-time
+    with compile_processes(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
         spec = prepare_study(spec, infos[0])
         info = infos[0]
         print(f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
@@ -254,28 +253,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .run import run_on_gpus, spec_from_study
+    from .run import compile_processes, run_on_gpus, spec_from_study
 
     spec = spec_from_study(args.storage, args.study, n_trials=args.trials, settings=_settings(args, args.trials))
     gpus = _gpus(args.gpus)
-    with _compile_pool(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
+    with compile_processes(spec.settings) as pool, _open_gpus(gpus) as (workers, infos):
         run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
         if args.top_k > 0:
             return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
     return 0
-
-
-@contextlib.contextmanager
-def _compile_pool(settings):
-    """The run's compile processes, started now (they import while the GPU workers start), shut on leaving."""
-    from .loop_threads import compile_pool, start_processes
-
-    pool = compile_pool(settings.compile_workers)
-    start_processes(pool, settings.compile_workers)
-    try:
-        yield pool
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _validate_early(spec) -> None:

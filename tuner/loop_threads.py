@@ -20,7 +20,7 @@ from typing import Any
 
 from .jobs import MeasureJob, MeasureResult
 
-__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool", "start_processes"]
+__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool"]
 
 COMPILE_NICENESS = 10  # added to the compile processes' niceness
 
@@ -45,13 +45,6 @@ def compile_pool(workers: int) -> cf.Executor:
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                   initializer=_compile_process_setup, initargs=(os.getpid(),))
-
-
-def start_processes(pool: cf.Executor, workers: int) -> None:
-    """Start the pool's processes now instead of at the first compiles (a process pool starts one per call
-    submitted); they import beside whatever the tuner does next."""
-    for _ in range(workers):
-        pool.submit(time.sleep, 0)
 
 
 def _compile_process_setup(tuner_pid: int) -> None:

@@ -35,11 +35,12 @@ from .space import Config, Space, available_families, load_space
 from .storage import mask_url, open_storage, retrying
 from .suite import Suite
 from .text import printable
-from .tune import TuneSettings, TuneSummary, compile_pool, tune
+from .loop_threads import compile_pool
+from .tune import TuneSettings, TuneSummary, tune
 from .worker import Worker, WorkerError
 
-__all__ = ["RunSpec", "gpu_infos", "open_gpus", "prepare_study", "retime_winner", "run_on_gpus", "spec_from_study",
-           "tune_suite", "warm_start_configs"]
+__all__ = ["RunSpec", "compile_processes", "gpu_infos", "open_gpus", "prepare_study", "retime_winner", "run_on_gpus",
+           "spec_from_study", "tune_suite", "warm_start_configs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +249,7 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
     space = load_space(base.family)
     storage = _open(base.storage_url)
     device = DeviceLimits.from_info(info)
-    with Worker(device=gpu, handler=base.handler) as worker, _shared_pool(base.settings) as pool:
+    with Worker(device=gpu, handler=base.handler) as worker, compile_processes(base.settings) as pool:
         for head, problem in todo:
             spec = prepare_study(dataclasses.replace(base, problem=problem), info)
             print(f"{label}{head}: study {spec.study_name}", file=sys.stderr)
@@ -268,7 +269,10 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
 
 
 @contextlib.contextmanager
-def _shared_pool(settings: TuneSettings):
+def compile_processes(settings: TuneSettings) -> Iterator[cf.Executor]:
+    """A run's compile pool, shared by every study the run tunes, shut on leaving. Its processes start with
+    the first compiles, not ahead: a pool shut while its children still spawn (no GPU found, nothing left
+    to tune) made the process exit with an error."""
     pool = compile_pool(settings.compile_workers)
     try:
         yield pool

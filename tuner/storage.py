@@ -33,7 +33,7 @@ from .errors import FlashtuneError
 from .text import printable
 
 __all__ = ["DEFAULT_STORAGE", "StaleTrialCallback", "StorageError", "check_storage", "error_reason", "is_transient",
-           "mask_url", "open_storage", "reading", "redact", "retrying", "set_trial_user_attrs"]
+           "mask_url", "open_storage", "reading", "redact", "retrying"]
 
 T = TypeVar("T")
 
@@ -453,23 +453,3 @@ def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay
             time.sleep(delay)
             delay = min(2 * delay, 30.0)
     raise AssertionError("unreachable")
-
-
-def set_trial_user_attrs(storage: optuna.storages.BaseStorage, trial_id: int, attrs: dict[str, object]) -> None:
-    """Set several user attributes of a RUNNING trial in one transaction where the storage is Optuna's
-    RDB storage (a trial's outcome is five or six attributes: one commit instead of one each), else one
-    call each. Either way the attributes are stored exactly as ``Trial.set_user_attr`` stores them."""
-    backend = getattr(storage, "_backend", storage)  # the study's storage caches in front of the RDB one
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-
-        write = backend._set_trial_attr_without_commit  # type: ignore[attr-defined]
-        session_of = backend.scoped_session  # type: ignore[attr-defined]
-    except (AttributeError, ImportError):  # another storage, or an Optuna without these internals
-        for key, value in attrs.items():
-            storage.set_trial_user_attr(trial_id, key, value)
-        return
-    with _create_scoped_session(session_of, True) as session:
-        for key, value in attrs.items():
-            write(session, models.TrialUserAttributeModel, trial_id, key, value)

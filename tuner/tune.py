@@ -50,7 +50,7 @@ from .storage import reading, retrying
 from .study import TrialStatus
 from .trial_writes import TrialRef, create_running_trial
 
-__all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "compile_pool", "default_compile_workers", "tune"]
+__all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
 
 Measure = Callable[[MeasureJob], MeasureResult]
 

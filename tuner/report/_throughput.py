@@ -58,7 +58,8 @@ def render_throughput(info: ThroughputInfo) -> str | None:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
             r.run, r.gpus, r.evaluated, f"{r.wall_s:.0f}", f"{r.configs_per_s:.2f}", f"{100 * r.gpu_busy:.0f}%",
-            f"{100 * r.gpu_busy_measuring:.0f}%", f"{r.measure_s:.0f}", f"{r.compile_wait_s:.0f}", f"{r.search_s:.0f}", f"{r.storage_s:.0f}")) + "</tr>"
+            f"{100 * r.gpu_busy_measuring:.0f}%", f"{r.measure_s:.0f}", f"{r.compile_wait_s:.0f}", f"{r.search_s:.0f}",
+            f"{r.storage_s:.0f}")) + "</tr>"
         for r in info.rows)
     return ('<table class="ft-table"><tr>' + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
             + body + "</table>")
