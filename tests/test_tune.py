@@ -194,14 +194,9 @@ def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, in
 def test_time_budget(storage, toy_space, problem, sm80):
     import time
 
-    class Slow(FakeMeasure):
-        def __call__(self, job):
-            time.sleep(0.3)
-            return super().__call__(job)
-
     study = make_study(storage, toy_space, problem)
     start = time.monotonic()
-    summary = tune(study, toy_space, problem, sm80, Slow(), TuneSettings(n_trials=None, timeout_s=1.5,
+    summary = tune(study, toy_space, problem, sm80, FakeMeasure(delay_s=0.3), TuneSettings(n_trials=None, timeout_s=1.5,
                    compile_workers=1, compile_ahead=1), compiler=fake_compiler)
     assert summary.stopped_because == "time budget used"
     assert time.monotonic() - start < 10
@@ -474,16 +469,10 @@ def test_each_gpu_measures_on_a_lane_of_its_own_at_the_same_time(storage, toy_sp
 
 
 def test_an_interruption_while_gpus_measure_re_enqueues_what_they_held(storage, toy_space, problem, sm80):
-    import time
-
-    class Slow(FakeMeasure):
-        def __call__(self, job):
-            time.sleep(0.1)
-            return super().__call__(job)
-
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
-        tune(study, toy_space, problem, sm80, [Slow(), Slow(interrupt_at=2)], settings(12), compiler=fake_compiler)
+        gpus = [FakeMeasure(delay_s=0.1), FakeMeasure(delay_s=0.1, interrupt_at=2)]
+        tune(study, toy_space, problem, sm80, gpus, settings(12), compiler=fake_compiler)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     interrupted = {t.number for t in trials if t.state == TrialState.FAIL}

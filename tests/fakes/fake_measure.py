@@ -5,6 +5,7 @@ Configs with ``flag == 1 and block_m == 32`` compute a wrong result.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from tuner.jobs import MeasureJob, MeasureResult
@@ -25,8 +26,11 @@ class FakeMeasure:
     interrupt_at: int | None = None  # raise KeyboardInterrupt on this call (1-based)
     calls: list[MeasureJob] = field(default_factory=list)
     noise: float = 0.0  # relative, alternating sign per call, to exercise re-timing medians
+    delay_s: float = 0.0  # each call takes this long, as a GPU would
 
     def __call__(self, job: MeasureJob) -> MeasureResult:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         self.calls.append(job)
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
