@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner import study as st
+from tuner.study import _meta as st
 from tuner.devices import DeviceLimits
 from tuner.problem import Problem
 from tuner.search import distributions

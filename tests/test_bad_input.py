@@ -292,7 +292,7 @@ def test_a_read_only_database_is_refused_for_tuning_and_read_for_reading(capsys,
 
 def test_a_read_only_database_is_refused_before_tuning(capsys, tmp_path, monkeypatch, db):
     """As the root user (CI) cannot make a file read-only, the access check is what is tested here."""
-    import tuner.storage
+    import tuner.study._storage
 
     url, directory = db
     copy = tmp_path / "ro.db"
@@ -512,7 +512,7 @@ def test_studies_piped_into_head_is_quiet(tmp_path, db):
 def test_storage_failures_name_the_database_error_not_optuna_s_guess():
     from sqlalchemy.exc import OperationalError
 
-    from tuner.storage import StorageError, error_reason, retrying
+    from tuner.study import StorageError, error_reason, retrying
 
     try:
         try:
@@ -574,8 +574,8 @@ def test_a_postgres_outage_is_named_as_one(capsys, postgres, tmp_path):
 
 def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
     """The study and GPU names in the banner come from the storage and the driver: escaped, like everywhere."""
-    import tuner.cli
-    import tuner.run
+    import tuner.cli._main
+    import tuner.run._run
     from tests.fake_studies import H200_INFO
 
     monkeypatch.chdir(tmp_path)

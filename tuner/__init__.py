@@ -6,11 +6,11 @@ a GPU worker (:mod:`tuner.worker`, :mod:`tuner.gpu`) checks and times them; :mod
 stores trials in an Optuna database; :mod:`tuner.retime` picks the winner.
 """
 
-__version__ = "0.1.0"
+import sys
 
-import sys  # noqa: E402
+from ._version import __version__
 
-from .attention import attention  # noqa: E402  (GPU modules are imported on the first call)
+from .serve import attention  # noqa: E402  (GPU modules are imported on the first call)
 from .devices import DeviceLimits, limits_for_arch  # noqa: E402
 from .errors import FlashtuneError  # noqa: E402
 from .problem import Problem  # noqa: E402
@@ -20,6 +20,6 @@ __all__ = ["DeviceLimits", "FlashtuneError", "Problem", "Space", "__version__", 
            "load_space"]
 
 if "torch" in sys.modules:  # PyTorch is loaded already: register torch.ops.flashtune.attention (tuner.torch_op)
-    from .attention import register_torch_op  # noqa: E402
+    from .serve import register_torch_op  # noqa: E402
 
     register_torch_op()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from tuner.compile import CompiledKernel
-from tuner.ptxas import Resources
+from tuner.compile import Resources
 from tuner.compile import CompileOutcome
 
 

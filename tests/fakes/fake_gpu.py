@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from tuner.jobs import MeasureJob, MeasureResult
+from tuner.gpu import MeasureJob, MeasureResult
 
 _state = {"device": None, "jobs": 0}
 

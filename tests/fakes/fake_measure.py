@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tuner.jobs import MeasureJob, MeasureResult
+from tuner.gpu import MeasureJob, MeasureResult
 
 
 def wrong(config: dict[str, int]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from tuner.jobs import MeasureJob, MeasureResult
+from tuner.gpu import MeasureJob, MeasureResult
 
 from .standin_tuner import standin_tflops
 

@@ -14,9 +14,9 @@ import struct
 import types
 
 from tuner.devices import limits_for_arch
-from tuner.gpu import launch
+from tuner.gpu import _launch as launch
 
-ta = importlib.import_module("tuner.attention")
+ta = importlib.import_module("tuner.serve._attention")
 
 
 def fake_tensor_map_encoder(address, dtype, rank, ptr, dims, strides, box, element_strides, *flags) -> int:

@@ -19,15 +19,15 @@ import time
 
 from tuner.compile import CompiledKernel
 from tuner.devices import limits_for_arch
-from tuner.jobs import MeasureResult
+from tuner.gpu import MeasureResult
 from tuner.problem import Problem
-from tuner.ptxas import Resources
+from tuner.compile import Resources
 from tuner.search import make_sampler
 from tuner.space import load_space
-from tuner.storage import open_storage
+from tuner.study import open_storage
 from tuner.study import open_study
 from tuner.compile import CompileOutcome
-from tuner.tune import TuneSettings, tune
+from tuner.run import TuneSettings, tune
 
 PROBLEM = Problem(batch=2, seqlen_q=1024, heads_q=8, head_dim=128)
 GPU = {"name": "Stand-in GPU", "arch": 80}

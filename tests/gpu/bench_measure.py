@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from tuner.jobs import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings
+from tuner.gpu import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings
 
 HANDLER = "tests.gpu.bench_measure"
 OLD = {"warmup_ms": 25.0, "min_reps": 10, "max_reps": 100, "target_ms": 200.0}
@@ -36,25 +36,25 @@ OLD = {"warmup_ms": 25.0, "min_reps": 10, "max_reps": 100, "target_ms": 200.0}
 # -- the worker's side -------------------------------------------------------------------------------
 
 def setup(device: int) -> None:
-    from tuner.gpu.measure import setup as measure_setup
+    from tuner.gpu._measure import setup as measure_setup
 
     measure_setup(device)
 
 
 def is_fatal(exc: BaseException) -> bool:
-    from tuner.gpu.measure import is_fatal as measure_is_fatal
+    from tuner.gpu._measure import is_fatal as measure_is_fatal
 
     return measure_is_fatal(exc)
 
 
 def device_info(_: object = None) -> dict[str, object]:
-    from tuner.gpu.info import gpu_info
+    from tuner.gpu._info import gpu_info
 
     return gpu_info()
 
 
 def run_job(job: MeasureJob) -> MeasureResult:
-    from tuner.gpu.measure import run_job as measure_run_job
+    from tuner.gpu._measure import run_job as measure_run_job
 
     return measure_run_job(job)
 
@@ -63,10 +63,10 @@ def run_job_old(job: MeasureJob) -> MeasureResult:
     """tuner.gpu.measure.run_job as of 6a12dc0, with the GPU time of its launches summed (events)."""
     import cupy
 
-    from tuner.gpu.inputs import check_rows
-    from tuner.gpu.launch import load_kernel
-    from tuner.gpu.reference import reference_head
-    from tuner.gpu.tensors import poison, random_inputs, storage_dtype, to_float32
+    from tuner.gpu._inputs import check_rows
+    from tuner.gpu._launch import load_kernel
+    from tuner.gpu._reference import reference_head
+    from tuner.gpu._tensors import poison, random_inputs, storage_dtype, to_float32
 
     t_job = time.perf_counter()
     p = job.problem
@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.devices import DeviceLimits
     from tuner.problem import Problem
     from tuner.space import load_space
-    from tuner.jobs import measure_job_for
-    from tuner.worker import Worker
+    from tuner.gpu import measure_job_for
+    from tuner.run import Worker
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="sm90")

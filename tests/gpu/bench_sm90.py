@@ -42,7 +42,7 @@ from pathlib import Path
 os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the cubin cache; workers inherit it
 
 from tuner.devices import DeviceLimits  # noqa: E402
-from tuner.jobs import TOLERANCES  # noqa: E402
+from tuner.gpu import TOLERANCES  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.space import Space, config_key, load_space  # noqa: E402
 
@@ -235,13 +235,13 @@ def setup(device: int) -> None:
 
 def is_fatal(exc: BaseException) -> bool:
     """A CUDA error may leave the context unusable: the worker exits and the parent starts another."""
-    from tuner.gpu.measure import is_fatal as cuda_error
+    from tuner.gpu._measure import is_fatal as cuda_error
 
     return cuda_error(exc)
 
 
 def device_info(_: object = None) -> dict:
-    from tuner.gpu.info import gpu_info
+    from tuner.gpu._info import gpu_info
 
     info = gpu_info()
     try:
@@ -260,8 +260,8 @@ def _reference(problem: Problem, q, k, v, scale: float, seed: int) -> dict:
     import cupy
     import numpy as np
 
-    from tuner.gpu.measure import check_rows
-    from tuner.gpu.reference import reference_problem
+    from tuner.gpu._inputs import check_rows
+    from tuner.gpu._reference import reference_problem
 
     p = problem
     rows = check_rows(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, np.random.default_rng(seed))
@@ -305,7 +305,7 @@ def setup_shape(arg: tuple) -> dict:
     """(problem dict, seed): inputs, outputs, the reference and the L2 flush buffer."""
     import cupy
 
-    from tuner.gpu.tensors import random_inputs, storage_dtype
+    from tuner.gpu._tensors import random_inputs, storage_dtype
 
     problem_dict, seed = arg
     _G.clear()
@@ -328,8 +328,8 @@ def add_kernel(arg: dict) -> dict:
     A passing (or unchecked) kernel becomes a runner for time_round."""
     import cupy
 
-    from tuner.gpu.launch import load_kernel
-    from tuner.gpu.tensors import poison, to_float32
+    from tuner.gpu._launch import load_kernel
+    from tuner.gpu._tensors import poison, to_float32
 
     p = _G["problem"]
     kernel = load_kernel(arg["cubin"], arg["entry"], abi="sm90_tma", grid=tuple(arg["grid"]), threads=arg["threads"],
@@ -450,7 +450,7 @@ def kernel_arg(space: Space, device: DeviceLimits, problem: Problem, entry: dict
 
 def failure_kind(error: Exception) -> str:
     """hang (the call timed out), crash (the worker died or hit a CUDA error), or error."""
-    from tuner.worker import WorkerCrashed, WorkerTimeout
+    from tuner.run import WorkerCrashed, WorkerTimeout
 
     if isinstance(error, WorkerTimeout):
         return "hang"
@@ -463,7 +463,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
     """Check, then time, every compiled config of the plan and the peers. `hung`: the knob
     differences of configs that hung or crashed so far (this shape or an earlier one): a config
     that contains one of them is not run again (each hang costs a timeout and a new worker)."""
-    from tuner.worker import WorkerError
+    from tuner.run import WorkerError
 
     problem = plan["problem"]
 
@@ -541,7 +541,7 @@ def ncu_subject_run(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     setup(0)
     problem = Problem.from_dict(spec["problem"])
-    from tuner.gpu.tensors import random_inputs, storage_dtype
+    from tuner.gpu._tensors import random_inputs, storage_dtype
 
     q, k, v = random_inputs(problem, 7)
     _G.update(problem=problem, q=q, k=k, v=v, scale=1.0 / math.sqrt(problem.head_dim), runners={},
@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from tuner.worker import Worker, WorkerError
+    from tuner.run import Worker, WorkerError
 
     space = load_space("sm90")
     shapes = QUICK_SHAPES if args.quick else SHAPES

@@ -91,7 +91,7 @@ def _table(rows: list[dict]) -> None:
 
 
 def _gpu_count() -> int:
-    from tuner.worker import Worker, WorkerError
+    from tuner.run import Worker, WorkerError
 
     try:
         with Worker(device=0) as worker:

@@ -76,7 +76,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def worker():
-    from tuner.worker import Worker
+    from tuner.run import Worker
 
     with Worker(device=0) as w:
         yield w

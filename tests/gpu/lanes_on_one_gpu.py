@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from tuner import cli
+from tuner.cli import _main as cli
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ import math
 import pytest
 
 import tuner
-from tuner.jobs import TOLERANCES
+from tuner.gpu import TOLERANCES
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
 
@@ -27,7 +27,7 @@ SHAPES = [(2, 257, 257, 4, 2, 128), (1, 100, 300, 2, 2, 64)]
 @pytest.fixture(scope="module")
 def device():
     from tuner.devices import DeviceLimits
-    from tuner.gpu.info import gpu_info
+    from tuner.gpu._info import gpu_info
 
     return DeviceLimits.from_info(gpu_info())
 
@@ -45,8 +45,8 @@ def check(problem: Problem, q, k, v, o, lse) -> None:
     """O and LSE (CuPy, o in storage dtype) against the float32 reference, head by head."""
     import cupy
 
-    from tuner.gpu.reference import reference_head
-    from tuner.gpu.tensors import to_float32
+    from tuner.gpu._reference import reference_head
+    from tuner.gpu._tensors import to_float32
 
     o_tol, lse_tol = TOLERANCES[problem.dtype]
     scale = 1.0 / math.sqrt(problem.head_dim)
@@ -76,7 +76,7 @@ def _problem(shape, dtype, causal) -> Problem:
 def test_cupy_arrays(family, shape, dtype, causal):
     import cupy
 
-    from tuner.gpu.tensors import random_inputs
+    from tuner.gpu._tensors import random_inputs
 
     problem = _problem(shape, dtype, causal)
     if load_space(family).supports(problem):
@@ -127,7 +127,7 @@ def test_exported_header_config(family, device, tmp_path):
 
     from tests.fake_studies import make_study
     from tuner.export import choose, render_header
-    from tuner.gpu.tensors import random_inputs
+    from tuner.gpu._tensors import random_inputs
 
     problem = _problem(SHAPES[0], "fp16", True)
     study = make_study(f"sqlite:///{tmp_path}/s.db", "gpu-export", family, problem, n_trials=12, failures=False)
@@ -143,7 +143,7 @@ def test_exported_header_config(family, device, tmp_path):
 def test_bad_inputs_are_refused_clearly(family):
     import cupy
 
-    from tuner.attention import AttentionError
+    from tuner.serve import AttentionError
 
     q = cupy.zeros((1, 16, 2, 128), dtype=cupy.float16)
     with pytest.raises(AttentionError, match="CuPy arrays or PyTorch tensors"):
@@ -162,7 +162,7 @@ def test_misaligned_views_are_copied_not_misread(family):
     """Views whose strides are not multiples of 16 bytes cannot feed 16-byte loads: the result must still be right."""
     import cupy
 
-    from tuner.gpu.tensors import random_inputs
+    from tuner.gpu._tensors import random_inputs
 
     problem = _problem(SHAPES[0], "fp16", False)
     q, k, v = random_inputs(problem, seed=4)
@@ -180,7 +180,7 @@ def test_a_contiguous_but_misaligned_array_is_copied(family):
     """A C-contiguous array whose base is not 16-byte aligned (an offset into a larger buffer)."""
     import cupy
 
-    from tuner.gpu.tensors import random_inputs
+    from tuner.gpu._tensors import random_inputs
 
     problem = _problem(SHAPES[0], "fp16", False)
     q, k, v = random_inputs(problem, seed=5)
@@ -241,7 +241,7 @@ def assert_close_to_reference(o, q, k, v, causal, scale=None) -> None:
 def test_cuda_graph_capture_replays_calls_on_new_inputs(family):
     """Several calls (two shapes, the function and the operator) captured once, replayed on fresh inputs."""
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.torch_op  # noqa: F401
+    import tuner.serve._torch_op  # noqa: F401
 
     space = load_space(family)
     shapes = [s for s in SHAPES if not space.supports(_problem(s, "bf16", True))]
@@ -277,7 +277,7 @@ def test_cuda_graph_capture_replays_calls_on_new_inputs(family):
 
 def test_a_first_call_inside_a_capture_is_refused_and_the_context_survives(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    from tuner.attention import AttentionError
+    from tuner.serve import AttentionError
 
     q, k, v = (torch.randn(1, 72, 2, 128, device="cuda", dtype=torch.float16) for _ in range(3))  # a new shape
     graph = torch.cuda.CUDAGraph()
@@ -292,7 +292,7 @@ def test_a_first_call_inside_a_capture_is_refused_and_the_context_survives(famil
 
 def test_torch_compile_fullgraph_gives_the_eager_result(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.torch_op  # noqa: F401
+    import tuner.serve._torch_op  # noqa: F401
 
     q, k, v = (torch.randn(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
@@ -308,8 +308,8 @@ def test_torch_compile_fullgraph_gives_the_eager_result(family):
 
 def test_inputs_that_require_grad_are_refused(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.torch_op  # noqa: F401
-    from tuner.attention import AttentionError
+    import tuner.serve._torch_op  # noqa: F401
+    from tuner.serve import AttentionError
 
     q, k, v = (torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
     with pytest.raises(AttentionError, match="forward-only"):
@@ -326,7 +326,7 @@ def test_host_time_per_cached_call_is_within_the_target(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     import torch.nn.functional as F
 
-    from tuner.bench_api import HOST_US_TARGET, host_us_per_call
+    from tuner.bench import HOST_US_TARGET, host_us_per_call
 
     q, k, v = (torch.randn(8, 2048, 16, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -341,9 +341,9 @@ def test_host_time_per_cached_call_is_within_the_target(family):
 def test_config_auto_runs_the_tuned_config_of_the_shape(family, tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     from tests.fake_studies import make_study
-    from tuner.dispatch import build_dispatch, render_dispatch_json
+    from tuner.export import build_dispatch, render_dispatch_json
     from tuner.export import choose
-    from tuner.tuned import load_tuned
+    from tuner.serve import load_tuned
 
     problem = _problem(SHAPES[0], "fp16", True)
     study = make_study(f"sqlite:///{tmp_path}/s.db", "gpu-auto", family, problem, n_trials=12, failures=False)
@@ -362,7 +362,7 @@ def test_bench_api_prints_its_table(family):
     pytest.importorskip("torch", reason="PyTorch is not installed")
     import io
 
-    from tuner.bench_api import run_api_bench
+    from tuner.bench import run_api_bench
 
     out = io.StringIO()
     rows = run_api_bench([Problem(batch=2, seqlen_q=1024, heads_q=8, head_dim=128)], family=family, out=out)

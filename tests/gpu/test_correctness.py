@@ -15,12 +15,12 @@ import random
 
 import pytest
 
-from tuner.jobs import MeasureSettings
+from tuner.gpu import MeasureSettings
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
-from tuner.jobs import measure_job_for
+from tuner.gpu import measure_job_for
 
-from tests.test_kernel_builds import REPRESENTATIVE
+from tests.kernels.test_kernel_builds import REPRESENTATIVE
 
 from .conftest import compile_many
 
@@ -45,7 +45,7 @@ def problems_for(dtype, head_dim, causal):
 
 def covering_configs(space, device, head_dim, seed=0):
     """For one head dim: its default, the family's representative knob combinations
-    (tests/test_kernel_builds.py), then configs feasible for every static problem of that head dim
+    (tests/kernels/test_kernel_builds.py), then configs feasible for every static problem of that head dim
     so that every knob value that fits it appears at least once."""
     rng = random.Random(seed)
     probes = [problems_for(*s)[0] for s in statics(space) if s[1] == head_dim]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.jobs import MeasureJob, MeasureSettings
+from tuner.gpu import MeasureJob, MeasureSettings
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -46,7 +46,7 @@ def _job(cubin: str, tag: str, settings: MeasureSettings | None = None) -> Measu
 def good_job(device) -> MeasureJob:
     from tuner.compile import compile_config
     from tuner.space import load_space
-    from tuner.jobs import measure_job_for
+    from tuner.gpu import measure_job_for
 
     space = load_space("sm80")
     config = space.defaults()

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tuner.jobs import MeasureSettings
+from tuner.gpu import MeasureSettings
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ SEED = 4242  # a key no other module's jobs use: the first job here makes the in
 def job_for(device):
     from tuner.compile import compile_config
     from tuner.space import load_space
-    from tuner.jobs import measure_job_for
+    from tuner.gpu import measure_job_for
 
     space = load_space("sm80")
     config = space.defaults(PROBLEM.head_dim)

@@ -1,5 +1,5 @@
-"""Everything that needs a GPU (CuPy device code, events, the reference) lives here and nowhere else.
+"""TODO tuner.gpu."""
 
-Nothing outside this package imports it at module level: the tuner talks to it through the
-worker process (``tuner.worker``) or lazily (``tuner.attention``).
-"""
+from ._jobs import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings, Status, measure_job_for
+
+__all__ = ["TOLERANCES", "MeasureJob", "MeasureResult", "MeasureSettings", "Status", "measure_job_for"]

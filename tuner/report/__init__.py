@@ -26,7 +26,7 @@ import optuna
 from ..errors import FlashtuneError
 from ..problem import Problem
 from ..space import load_space
-from ..suite import Suite
+from ..study import Suite
 from ._contour import ContourInfo, get_contour_info, plot_contour
 from ._data import StudyData, TrialRow, study_data
 from ._history import HistoryInfo, get_history_info, plot_history
@@ -103,9 +103,9 @@ class ReportError(FlashtuneError, ValueError):
 def build_report(storage_url: str | None, *, study: str | None = None,
                  suite_path: str | None = None) -> tuple[str, str]:
     """``flashtune report``: (the HTML, a file stem for it). With a suite, its storage is used unless one is given."""
-    from ..storage import mask_url, open_storage
+    from ..study import mask_url, open_storage
     from ..study import load_flashtune_study
-    from ..suite import load_suite, suite_storage, suite_studies
+    from ..study import load_suite, suite_storage, suite_studies
     from ..text import printable
 
     if not study and not suite_path:

@@ -10,9 +10,9 @@ from typing import NamedTuple
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from .. import __version__
-from ..storage import mask_url
-from ..suite import describe_problem
+from .._version import __version__
+from ..study import mask_url
+from ..study import describe_problem
 from ._contour import get_contour_info, plot_contour
 from ._data import StudyData
 from ._history import get_history_info, plot_history

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from ..study import StudyError, choose
 from ..problem import Problem
 from ..space import Space
-from ..suite import describe_problem
+from ..study import describe_problem
 
 __all__ = ["SuiteColumn", "SuiteInfo", "get_suite_info", "plot_suite", "render_suite_table"]
 

@@ -1,0 +1,100 @@
+"""tuner.bench_suite: a suite's winners against the peers in one run, the Markdown table, ablations
+(the real study storage and worker process; a stand-in GPU handler and compiler)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+from tuner.bench import bench_suite, markdown_table
+from tuner.run import RunSpec, gpu_infos, prepare_study, run_on_gpus
+from tuner.space import load_space
+from tuner.study import load_suite
+from tuner.run import TuneSettings
+from tuner.run import Worker
+
+from tests.fakes.standin_tuner import PROBLEM, standin_compile, standin_tflops
+
+HANDLER = "tests.fakes.standin_gpu"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A storage holding one finished stand-in study of PROBLEM, and a suite naming it and one more problem."""
+    tmp = tmp_path_factory.mktemp("bench")
+    url = f"sqlite:///{tmp}/s.db"
+    spec = RunSpec(family="sm80", problem=PROBLEM, storage_url=url, sampler="random", seed=1,
+                   settings=TuneSettings(n_trials=8, compile_workers=1, compile_ahead=1), handler=HANDLER,
+                   compiler="tests.fakes.standin_tuner:standin_compile")
+    info = gpu_infos([0], handler=HANDLER)[0]
+    run_on_gpus(prepare_study(spec, info), [0], [info])
+    suite_path = tmp / "two.toml"
+    suite_path.write_text(f'''family = "sm80"
+storage = "{url}"
+[grid]
+head_dim = 128
+heads = {PROBLEM.heads_q}
+batch = {PROBLEM.batch}
+seqlen = [{PROBLEM.seqlen_q}, 4096]
+''')
+    return load_suite(suite_path), url, info
+
+
+def test_each_problem_gets_its_winner_and_the_peers_of_the_same_run(tuned):
+    suite, url, info = tuned
+    log = io.StringIO()
+    with Worker(handler=HANDLER) as worker:
+        rows = bench_suite(worker, info, suite, url, log=log, compiler=standin_compile)
+    assert [r.problem for r in rows] == list(suite.problems)
+    done, missing = rows
+    assert done.study and done.tflops == pytest.approx(standin_tflops(done.config))
+    assert done.peers["sdpa_cudnn_attention"] == 150.0 and done.ratio("cudnn") == pytest.approx(done.tflops / 150)
+    assert missing.tflops is None and "no study of this problem" in missing.note and not missing.peers
+    assert "bench [1/2]" in log.getvalue() and "x cuDNN" in log.getvalue()
+
+    table = markdown_table(rows, info, suite, url)
+    assert "| dtype | D | heads | causal | N |" in table and "Stand-in GPU" in table
+    assert f"| fp16 | 128 | {PROBLEM.heads_q} | no | {PROBLEM.seqlen_q} |" in table
+    assert f"{done.tflops / 150:.3f}" in table and f"{done.tflops / 300:.3f}" in table
+    assert "cuBLAS GEMM 8192³ 300–300 TFLOPS" in table
+
+
+def test_ablation_times_each_tuned_knob_at_its_default(tuned):
+    suite, url, info = tuned
+    with Worker(handler=HANDLER) as worker:
+        row = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile)[0]
+    defaults = load_space("sm80").defaults()
+    changed = {k for k, v in row.config.items() if v != defaults[k]}
+    assert set(row.ablations) == changed and changed
+    for knob, tflops in row.ablations.items():
+        if tflops is not None:  # None: the config with this knob at its default is infeasible
+            assert tflops == pytest.approx(standin_tflops({**row.config, knob: defaults[knob]}))
+    assert "Ablations:" in markdown_table([row], info, suite, url)
+
+
+def test_cli_refuses_suite_with_study_or_config_and_ablate_without_suite(tmp_path, capsys):
+    from tuner.cli import main
+
+    assert main(["bench", "--ablate"]) == 2
+    assert "--ablate and --output go with --suite" in capsys.readouterr().err
+    suite = tmp_path / "s.toml"
+    suite.write_text('family = "sm80"\n[grid]\nhead_dim = 128\nheads = 2\nbatch = 1\nseqlen = 128\n')
+    assert main(["bench", "--suite", str(suite), "--config", "block_m=64"]) == 2
+    assert "drop --study/--config" in capsys.readouterr().err
+
+
+def test_compiling_up_front_in_a_pool_gives_the_same_rows(tuned, tmp_path, monkeypatch):
+    """With compile_workers > 1 every kernel of the run (winners and ablations) is built in a process pool first,
+    so the timing loop only reads the cache: each is compiled once, in the pool."""
+    suite, url, info = tuned
+    log = tmp_path / "compiled.log"
+    monkeypatch.setenv("FLASHTUNE_STANDIN_COMPILE_LOG", str(log))
+    with Worker(handler=HANDLER) as worker:
+        serial = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile)
+        log.unlink()
+        pooled = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile, compile_workers=2)
+    assert [(r.config, r.tflops, r.ablations) for r in pooled] == [(r.config, r.tflops, r.ablations) for r in serial]
+    in_pool = [pid for pid in log.read_text().split() if int(pid) != os.getpid()]
+    assert len(in_pool) == 1 + sum(t is not None for t in pooled[0].ablations.values())  # winner and ablations

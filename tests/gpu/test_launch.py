@@ -1,0 +1,184 @@
+"""Kernel arguments (tuner/gpu/launch.py, tuner/gpu/tma.py) without a GPU: what ``cuLaunchKernel`` would read.
+
+The argument-pointer array of each ABI is decoded and compared with kernel_src/README.md's
+signatures. For ``sm90_tma``, ``cuTensorMapEncodeTiled`` is a stand-in compiled here against
+the CUDA toolkit's ``cuda.h`` (so the ctypes prototype and the enum values are checked against
+the real declarations); it writes the arguments it received into the 128-byte map.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
+
+from tuner.gpu import _launch as launch, _tma as tma  # noqa: E402
+from tuner.gpu._launch import FlatArgs, Shape, TmaArgs  # noqa: E402
+
+SHAPE = Shape(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16")
+# (pointer, batch stride, row stride, head stride) in elements
+Q = (0x7F0000001000, 8 * 128 * 1000, 8 * 128, 128)
+K = (0x7F0000200000, 2 * 128 * 777, 2 * 128, 128)
+V = (0x7F0000400000, 2 * 128 * 777 + 64, 2 * 128 + 8, 136)
+O = (0x7F0000600000, 8 * 128 * 1000, 8 * 128, 128)
+LSE = 0x7F0000800000
+
+
+def params(buffer: launch.ArgBuffer, formats: list[str]) -> list:
+    """Each argument as the kernel reads it: argument i is ``formats[i]`` at pointer i of the array."""
+    return [struct.unpack("=" + f, buffer.param_bytes(i, struct.calcsize("=" + f)))[0] for i, f in enumerate(formats)]
+
+
+def test_flat_arguments_follow_the_abi():
+    args = FlatArgs(SHAPE, {})
+    args.pack(Q, K, V, O, LSE, 0.125)
+    got = params(args.buffer, ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"])
+    assert got[:5] == [Q[0], K[0], V[0], O[0], LSE]
+    assert got[5:10] == [3, 1000, 777, 8, 2]  # batch, seqlen_q, seqlen_k, heads_q, heads_kv
+    assert got[10:22] == [*Q[1:], *K[1:], *V[1:], *O[1:]]  # batch, row, head stride of q, k, v, o
+    assert got[22] == 0.125
+    args.pack(K, Q, O, V, LSE + 64, 2.0)  # refilled in place for the next launch
+    again = params(args.buffer, ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"])
+    assert again[:5] == [K[0], Q[0], O[0], V[0], LSE + 64] and again[10:13] == list(K[1:]) and again[22] == 2.0
+
+
+def test_argument_buffer_aligns_tensor_maps_and_scalars():
+    buffer = launch.ArgBuffer(lead_params=4, scalars="P5if")
+    pointers = (ctypes.c_void_p * 11).from_address(buffer.params_address)
+    assert [p % 64 for p in pointers[:4]] == [0] * 4 and pointers[1] - pointers[0] == 128
+    assert pointers[4] == pointers[0] + 512 and pointers[4] % 8 == 0
+    assert [pointers[5 + i] - pointers[4] for i in range(6)] == [8, 12, 16, 20, 24, 28]
+
+
+# -- sm90_tma with a stand-in driver ---------------------------------------------------------------
+FAKE_DRIVER = r"""
+#include <cuda.h>
+#include <string.h>
+
+static int calls = 0;
+int fake_calls(void) { return calls; }
+
+/* The real declaration comes from cuda.h: a prototype that differs from it does not compile. */
+CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address,
+                                        const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                        const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                        CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                        CUtensorMapFloatOOBfill oob) {
+  unsigned long long words[16];
+  ++calls;
+  if (rank != 4) return CUDA_ERROR_INVALID_VALUE;
+  if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || swizzle != CU_TENSOR_MAP_SWIZZLE_128B ||
+      l2 != CU_TENSOR_MAP_L2_PROMOTION_L2_256B || oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (dtype == CU_TENSOR_MAP_DATA_TYPE_FLOAT16) words[0] = 16;
+  else if (dtype == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) words[0] = 1616;
+  else return CUDA_ERROR_INVALID_VALUE;
+  words[1] = (unsigned long long)address;
+  for (int i = 0; i < 4; ++i) words[2 + i] = dims[i];
+  for (int i = 0; i < 3; ++i) words[6 + i] = strides[i];
+  for (int i = 0; i < 4; ++i) words[9 + i] = box[i];
+  words[13] = element_strides[0] + element_strides[1] + element_strides[2] + element_strides[3];
+  words[14] = 0xF1A5u;
+  words[15] = (unsigned long long)calls;
+  memcpy(map, words, sizeof(words));
+  return CUDA_SUCCESS;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory) -> Path:
+    nvcc = shutil.which("nvcc")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if nvcc is None or compiler is None:
+        pytest.skip("needs nvcc (for cuda.h) and a C compiler")
+    candidates = [Path(nvcc).resolve().parent.parent / "include", Path("/usr/local/cuda/include")]
+    candidates += [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    include = next((c for c in candidates if (c / "cuda.h").is_file()), None)
+    if include is None:
+        pytest.skip(f"no cuda.h in {', '.join(map(str, candidates))}")
+    folder = tmp_path_factory.mktemp("fake-driver")
+    (folder / "driver.c").write_text(FAKE_DRIVER)
+    library = folder / "libfakecuda.so"
+    build = subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-I", str(include), str(folder / "driver.c"), "-o",
+                            str(library)], capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-2000:]
+    return library
+
+
+@pytest.fixture
+def stand_in_driver(fake_driver, monkeypatch):
+    monkeypatch.setattr(tma, "LIBCUDA", str(fake_driver))
+    tma.encoder.cache_clear()
+    yield ctypes.CDLL(str(fake_driver))
+    tma.encoder.cache_clear()
+
+
+def decode_map(raw: bytes) -> dict:
+    words = struct.unpack("=16Q", raw)
+    assert words[14] == 0xF1A5, "the stand-in driver did not write this map"
+    return {"dtype": {16: "fp16", 1616: "bf16"}[words[0]], "address": words[1], "dims": words[2:6],
+            "strides": words[6:9], "box": words[9:13], "element_strides": words[13], "call": words[15]}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_tensor_maps_follow_the_abi(stand_in_driver, dtype):
+    shape = Shape(**{**SHAPE.__dict__, "dtype": dtype})
+    args = TmaArgs(shape, {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64})
+    args.pack(Q, K, V, O, LSE, 0.5)
+    maps = [decode_map(args.buffer.param_bytes(i, 128)) for i in range(4)]
+    for m, (ptr, batch, row, head), rows, seqlen, heads in zip(maps, (Q, K, V, O), (128, 64, 64, 64),
+                                                                (1000, 777, 777, 1000), (8, 2, 2, 8)):
+        assert m["dtype"] == dtype and m["address"] == ptr
+        assert m["dims"] == (128, seqlen, heads, 3)  # innermost first: head_dim, seqlen, heads, batch
+        assert m["strides"] == (2 * row, 2 * head, 2 * batch)  # bytes: row, head, batch
+        assert m["box"] == (64, rows, 1, 1) and m["element_strides"] == 4
+    tail = params(args.buffer, ["128s"] * 4 + ["Q", "i", "i", "i", "i", "i", "f"])[4:]
+    assert tail == [LSE, 3, 1000, 777, 8, 2, 0.5]
+
+
+def test_tensor_maps_are_remembered_per_address_and_strides(stand_in_driver):
+    args = TmaArgs(SHAPE, {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
+    calls = stand_in_driver.fake_calls
+    before = calls()
+    args.pack(Q, K, V, O, LSE, 1.0)
+    assert calls() == before + 4
+    args.pack(Q, K, V, O, LSE, 1.0)  # the same buffers again: no driver call
+    assert calls() == before + 4
+    moved = (O[0] + 4096, *O[1:])
+    args.pack(Q, K, V, moved, LSE, 1.0)
+    assert calls() == before + 5
+    assert decode_map(args.buffer.param_bytes(3, 128))["address"] == moved[0]
+    args.pack(Q, K, V, O, LSE, 1.0)  # back to the first O: its remembered bytes, not the last encoding
+    assert calls() == before + 5 and decode_map(args.buffer.param_bytes(3, 128))["address"] == O[0]
+
+
+def test_tensors_a_map_cannot_describe_are_refused(stand_in_driver):
+    args = TmaArgs(SHAPE, {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
+    with pytest.raises(tma.TmaError, match="16-byte aligned"):
+        args.pack((Q[0] + 2, *Q[1:]), K, V, O, LSE, 1.0)
+    with pytest.raises(tma.TmaError, match="positive multiples of 16"):
+        args.pack(Q, (K[0], K[1], 0, K[3]), V, O, LSE, 1.0)
+    with pytest.raises(tma.TmaError, match="multiple of 64"):
+        TmaArgs(Shape(**{**SHAPE.__dict__, "head_dim": 96}), {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
+    with pytest.raises(tma.TmaError, match="TMA limit"):
+        TmaArgs(SHAPE, {"q_box_rows": 512, "kv_box_rows": 64, "o_box_rows": 64})
+    with pytest.raises(tma.TmaError, match="gives no kv_box_rows"):
+        TmaArgs(SHAPE, {"q_box_rows": 64, "o_box_rows": 64})
+
+
+def test_a_missing_driver_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(tma, "LIBCUDA", str(tmp_path / "libnothing.so"))
+    tma.encoder.cache_clear()
+    try:
+        with pytest.raises(tma.TmaError, match="cannot find cuTensorMapEncodeTiled"):
+            TmaArgs(SHAPE, {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
+    finally:
+        tma.encoder.cache_clear()

@@ -1,0 +1,256 @@
+"""tuner.search._pattern and _model: the default search's pieces on small spaces and the real sm90 space."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from tuner.devices import limits_for_arch
+from tuner.problem import Problem
+from tuner.search import PatternSearch, make_search
+from tuner.search._model import TREND, AdditiveModel
+from tuner.search._pattern import LEVELS, constraint_knobs, ring
+from tuner.space import config_key, load_space
+
+SM80 = limits_for_arch(80)
+H200 = limits_for_arch(90)
+
+
+def _grid(space):
+    names = [k.name for k in space.knobs]
+    return [dict(zip(names, v)) for v in itertools.product(*(k.values for k in space.knobs))]
+
+
+def _changed(a, b):
+    return {k for k in a if a[k] != b[k]}
+
+
+# -- neighbourhoods ----------------------------------------------------------------------------------
+def test_ring_counts_ordered_steps(toy_space):
+    start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    one = list(ring(toy_space, start, 1))
+    assert sorted(tuple(sorted(_changed(c, start))) for c in one) == sorted(
+        [("block_m",)] * 2 + [("block_n",)] * 2 + [("stages",)] * 2 + [("flag",)])
+    corner = {"block_m": 32, "block_n": 64, "stages": 2, "flag": 0}
+    two = list(ring(toy_space, corner, 2))
+    assert {**corner, "block_m": 128} in two  # two values along: two steps
+    assert {**corner, "block_m": 128} not in list(ring(toy_space, corner, 1))
+    assert all(len(_changed(c, corner)) <= 2 for c in two) and len({config_key(c) for c in two}) == len(two)
+    assert all(c["stages"] == 2 for c in ring(toy_space, corner, 2, keep={"stages"}))
+
+
+def test_constraints_read_knobs_through_derived_values(toy_space):
+    assert constraint_knobs(toy_space) == {"smem_fits": {"block_m", "block_n", "stages"}}
+    sm90 = constraint_knobs(load_space("sm90"))
+    assert sm90["setmaxnreg_budget"] == {"producer_regs", "consumer_wgs", "consumer_regs", "ctas_per_sm"}
+    assert sm90["arch"] == set()
+
+
+# -- the surrogate -----------------------------------------------------------------------------------
+def test_the_additive_model_recovers_additive_effects_and_continues_ordered_trends(toy_space):
+    model = AdditiveModel(toy_space, ridge=1e-6)
+    effect = {"block_m": {32: 0.0, 64: 0.1, 128: 0.2}, "block_n": {32: 0.0, 64: -0.05, 128: 0.3},
+              "stages": {1: 0.0, 2: 0.05, 3: 0.0}, "flag": {0: 0.0, 1: 0.02}}
+
+    def tflops(c):
+        return 100 * math.exp(sum(effect[k][v] for k, v in c.items()))
+
+    start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    assert model.predict(start) == 0.0  # nothing known yet
+    for c in [start, {**start, "block_m": 32}, {**start, "block_n": 128}, {**start, "stages": 1},
+              {**start, "stages": 3}, {**start, "flag": 1}, {**start, "block_n": 32}]:
+        model.add(c, tflops(c))
+    assert model.count == 7
+    for c in _grid(toy_space):
+        if c["block_m"] != 128:
+            assert model.predict(c) == pytest.approx(math.log(tflops(c)), abs=1e-4)
+    # block_m 128 was never measured: beyond 32 -> 64 the slope continues at TREND of its size
+    slope = model.effect("block_m", 64) - model.effect("block_m", 32)
+    assert model.effect("block_m", 128) == pytest.approx(model.effect("block_m", 64) + TREND * slope)
+
+
+def test_an_unmeasured_value_between_two_measured_ones_is_interpolated_and_a_category_stays_neutral(tmp_path):
+    from tests.conftest import toy_space_text
+
+    text = toy_space_text(block_n=(32, 64, 96, 128)).replace('help = "a boolean knob"',
+                                                              'help = "a boolean knob"\nordered = false')
+    (tmp_path / "toy.toml").write_text(text)
+    space = load_space(tmp_path / "toy.toml")
+    model = AdditiveModel(space, ridge=1e-6)
+    start = {"block_m": 64, "block_n": 32, "stages": 2, "flag": 0}
+    model.add(start, 100.0)
+    model.add({**start, "block_n": 128}, 130.0)
+    lo, hi = model.effect("block_n", 32), model.effect("block_n", 128)
+    assert model.effect("block_n", 64) == pytest.approx(lo + (hi - lo) / 3)
+    assert model.effect("flag", 1) == 0.0
+
+
+def test_a_failed_config_counts_as_worse_than_the_worst_that_ran(toy_space):
+    model = AdditiveModel(toy_space)
+    start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    model.add(start, 100.0)
+    model.add({**start, "flag": 1}, 90.0)
+    model.add_failure({**start, "stages": 3})
+    assert model.predict({**start, "stages": 3}) < model.predict({**start, "flag": 1}) < model.predict(start)
+
+
+# -- the search --------------------------------------------------------------------------------------
+def _run(search, tflops, n, taken=None):
+    """Propose, measure and observe n configs one at a time (window 1); returns them in order."""
+    taken = set() if taken is None else taken
+    out = []
+    for _ in range(n):
+        config = search.propose(taken)
+        if config is None:
+            break
+        taken.add(config_key(config))
+        search.observe(config, tflops(config))
+        out.append(config)
+    return out
+
+
+def test_the_default_neighbourhood_comes_first_then_the_search_follows_an_improvement(toy_space, problem):
+    search = PatternSearch(toy_space, problem, SM80, seed=1)
+    start = toy_space.defaults(problem.head_dim)
+    search.observe(start, 100.0)
+    feasible = [c for c in ring(toy_space, start, 1) if toy_space.check(c, problem, SM80) is None]
+    taken = {config_key(start)}
+    better = {**start, "stages": 3}  # (64 + 2 * 3 * 64) rows of 256 B fit sm_80's shared memory
+    assert better in feasible
+
+    def tflops(c):  # only stages=3 helps; everything else is worse than the default
+        return 110.0 if c == better else 120.0 if c == {**better, "flag": 1} else 90.0
+
+    first = search.propose(taken)
+    assert first in feasible
+    taken.add(config_key(first))
+    search.observe(first, tflops(first))
+    proposed = [first]
+    while proposed[-1] != better:
+        proposed.append(search.propose(taken))
+        taken.add(config_key(proposed[-1]))
+        search.observe(proposed[-1], tflops(proposed[-1]))
+    assert all(c in feasible for c in proposed)  # the default's one-step neighbours until one improves
+    after = search.propose(taken)
+    assert len(_changed(after, better)) == 1  # first improvement: now around stages=3
+    assert search.stats.repeats == 0 and search.stats.asks == len(proposed) + 1
+
+
+def test_every_feasible_config_once_then_none(toy_space, problem):
+    search = make_search("pattern", toy_space, problem, SM80, 3)
+    rng = random.Random(0)
+    values = {config_key(c): rng.uniform(50, 150) for c in _grid(toy_space)}
+    start = toy_space.defaults(problem.head_dim)
+    search.observe(start, values[config_key(start)])
+    taken = {config_key(start)}
+    proposed = _run(search, lambda c: values[config_key(c)], 1000, taken)
+    feasible = [c for c in _grid(toy_space) if toy_space.check(c, problem, SM80) is None]
+    assert len(feasible) < len(_grid(toy_space))  # the toy space has infeasible corners
+    assert all(toy_space.check(c, problem, SM80) is None for c in proposed)
+    assert len({config_key(c) for c in proposed}) == len(proposed) == len(feasible) - 1
+    assert search.propose(taken) is None
+    assert search.stats.repeats == 0
+
+
+def test_proposals_before_any_result_spread_over_the_default_neighbourhood_and_skip_taken_configs(toy_space, problem):
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    start = toy_space.defaults(problem.head_dim)
+    elsewhere = {**start, "flag": 1}  # another tuner measures it
+    taken = {config_key(start), config_key(elsewhere)}
+    proposals = []
+    for _ in range(8):  # compile-ahead: nothing measured yet, not even the default
+        config = search.propose(taken)
+        taken.add(config_key(config))
+        proposals.append(config)
+    assert elsewhere not in proposals and len({config_key(c) for c in proposals}) == 8
+    steps = [c for c in ring(toy_space, start, 1) if toy_space.check(c, problem, SM80) is None and c != elsewhere]
+    assert proposals[:len(steps)] == sorted(steps, key=proposals.index)  # the nearest level first, then wider ones
+    search.withdraw(proposals[0])  # not measured after all (the tuner stopped): it may come again
+    taken.discard(config_key(proposals[0]))
+    search.observe(start, 100.0)
+    assert search.propose(taken) == proposals[0]  # the default's nearest neighbour left untaken
+
+
+def test_a_move_the_constraints_couple_is_proposed_repaired():
+    space = load_space("sm90")
+    problem = Problem(batch=4, seqlen_q=4096, heads_q=16, head_dim=128, causal=True)
+    search = PatternSearch(space, problem, H200, seed=0)
+    start = space.defaults(128)
+    alone = {**start, "producer_regs": 32}
+    assert "setmaxnreg" in space.check(alone, problem, H200)  # 32 + 2 x 240 > 3 x 168
+    search.observe(start, 500.0)
+    key = config_key(start)
+    coupled = search.neighbourhood(key, LEVELS.index("coupled step") + 1)
+    repaired = [c for _, c in coupled if c["producer_regs"] == 32]
+    assert repaired and all(space.check(c, problem, H200) is None for c in repaired)
+    assert all(_changed(c, start) <= {"producer_regs", "consumer_regs", "consumer_wgs"} for c in repaired)
+    steps = search.neighbourhood(key, 1)
+    assert all(space.check(c, problem, H200) is None and len(_changed(c, start)) == 1 for _, c in steps)
+
+
+def test_failed_configs_are_never_centres(toy_space, problem):
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    start = toy_space.defaults(problem.head_dim)
+    search.observe(start, 100.0)
+    taken = {config_key(start)}
+    first = search.propose(taken)
+    taken.add(config_key(first))
+    search.observe(first, None)
+    assert config_key(first) not in search.values
+    following = _run(search, lambda c: 90.0, 5, taken)
+    assert all(len(_changed(c, start)) == 1 for c in following)  # still around the default
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_proposing_on_the_real_sm90_space_is_fast(head_dim):
+    """Study sizes of 300 trials: one proposal (checks and repairs included) costs well under 20 ms on average."""
+    import time
+
+    space = load_space("sm90")
+    problem = Problem(batch=4, seqlen_q=4096, heads_q=16, head_dim=head_dim, causal=head_dim != 64)
+    search = PatternSearch(space, problem, H200, seed=0)
+    start = space.defaults(head_dim)
+    rng = random.Random(0)
+    search.observe(start, 400.0)
+    taken = {config_key(start)}
+    t0 = time.perf_counter()
+    proposed = _run(search, lambda c: rng.uniform(300, 500), 300, taken)
+    per_call_ms = (time.perf_counter() - t0) / len(proposed) * 1e3
+    assert len(proposed) == 300 and all(space.check(c, problem, H200) is None for c in proposed[::25])
+    assert per_call_ms < 10, f"{per_call_ms:.1f} ms per proposal and observation"
+
+
+# -- in the tuning loop --------------------------------------------------------------------------------
+def test_the_pattern_search_runs_a_stored_study_and_resumes_it(sqlite_url, toy_space, problem):
+    from tests.fakes.fake_compile import fake_compiler
+    from tests.fakes.fake_measure import FakeMeasure
+    from tuner.study import _meta as st
+    from tuner.search import make_sampler
+    from tuner.study import open_storage
+    from tuner.run import TuneSettings, tune
+
+    gpu = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
+           "driver": "0.0"}
+    storage = open_storage(sqlite_url)
+    study = st.open_study(storage=storage, name="pattern", space=toy_space, problem=problem, gpu=gpu,
+                          sampler=make_sampler("pattern", toy_space, 0))
+
+    def run(n):
+        search = make_search("pattern", toy_space, problem, SM80, 0)
+        summary = tune(study, toy_space, problem, SM80, FakeMeasure(), TuneSettings(n_trials=n, compile_workers=1),
+                       search=search, compiler=fake_compiler)
+        return summary, search
+
+    summary, search = run(6)
+    trials = [t for t in study.get_trials() if t.user_attrs.get(st.STATUS) not in (None, "infeasible")]
+    assert summary.evaluated == 6 and trials[0].params == toy_space.defaults()
+    assert len({config_key(t.params) for t in trials}) == 6 and search.stats.repeats == 0
+    assert summary.explorations == 0
+    summary, search = run(10)  # a new process: it learns the six from the study and goes on from the best
+    assert summary.evaluated == 4 and len(search.values) >= 6
+    keys = [config_key(t.params) for t in study.get_trials() if t.user_attrs.get(st.STATUS) not in (None, "infeasible")
+            and st.DUPLICATE_OF not in t.user_attrs]
+    assert len(keys) == len(set(keys)) == 10

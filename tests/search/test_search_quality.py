@@ -1,0 +1,116 @@
+"""The default search's quality, by replay (issue 8): evaluations to come within 1% of the best, over 20 seeds.
+
+On the stored H200 sweeps (tests/data/: two shapes) the target is the issue's: a median of at most 20 evaluations
+and a 90th percentile of at most 30, every seed within 30, no run asking more repeats than new
+configs. On synthetic landscapes of other spaces and shapes (one landscape per seed, drawn at
+random: tuner.synthetic) the same target, or the looser one stated at each. Random order (grid)
+misses them all, so these tests can fail.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.devices import limits_for_arch
+from tuner.problem import Problem
+from tuner.run import load_oracle, replay
+from tuner.search import DEFAULT_SAMPLER
+from tuner.space import load_space
+from tuner.run import landscapes
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+H200 = limits_for_arch(90)
+SEEDS = range(20)
+
+
+#: exhaustive H200 sweeps of tests/data/sm90_small.toml (tests/data/README.md): (file, study)
+STORED = {"fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small"),
+          "bf16-full-n2048": ("h200_sm90_small_bf16_full_n2048.db", "grid-bf16-full-n2048")}
+
+
+@pytest.fixture(scope="module", params=sorted(STORED))
+def stored(request):
+    file, study = STORED[request.param]
+    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, DATA / "sm90_small.toml")
+
+
+def _hits(runs) -> list[float]:
+    """Per run, the evaluations until one came within 1% of its oracle's best (inf: never)."""
+    out = []
+    for run in runs:
+        hit = run.evaluations_to(run.best * 0.99)
+        out.append(float(hit) if hit is not None else math.inf)
+    return out
+
+
+def _p90(hits: list[float]) -> float:
+    return sorted(hits)[math.ceil(0.9 * len(hits)) - 1]
+
+
+def _check(runs, *, median: float, p90: float, within: int | None = None, never: int = 0) -> None:
+    hits = _hits(runs)
+    summary = f"evaluations to 1%: {sorted(hits)}"
+    assert statistics.median(hits) <= median, summary
+    assert _p90(hits) <= p90, summary
+    assert sum(h > (within or math.inf) for h in hits) <= never, summary
+    assert all(run.repeats <= len(run.values) for run in runs)
+
+
+def _misses(runs, *, median: float, p90: float) -> bool:
+    hits = _hits(runs)
+    return statistics.median(hits) > median or _p90(hits) > p90
+
+
+def test_the_default_search_is_pattern():
+    assert DEFAULT_SAMPLER == "pattern"
+
+
+def test_the_stored_sweep_within_1_percent_in_a_median_of_20_and_every_seed_within_30(stored):
+    runs = replay(stored, [DEFAULT_SAMPLER], SEEDS, 30)
+    _check(runs, median=20, p90=30, within=30)
+    assert all(run.repeats == 0 and run.asks == len(run.values) - 1 for run in runs)  # the default is enqueued
+
+
+def test_random_order_misses_the_target_on_the_stored_sweep(stored):
+    assert _misses(replay(stored, ["grid"], SEEDS, 30), median=20, p90=30)
+
+
+def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(stored):
+    """A real H200 run proposes ~17 configs before the first result; stated target: median 25, p90 35."""
+    _check(replay(stored, [DEFAULT_SAMPLER], SEEDS, 50, window=17), median=25, p90=35, within=50)
+
+
+def _problem(head_dim: int, seqlen: int, causal: bool, batch: int = 4) -> Problem:
+    return Problem(batch=batch, seqlen_q=seqlen, heads_q=16, head_dim=head_dim, causal=causal)
+
+
+def test_planted_landscapes_over_the_small_sm90_space_at_another_shape():
+    oracles = landscapes("planted", load_space(DATA / "sm90_small.toml"), _problem(128, 512, False), H200)
+    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=20, p90=30, within=60)
+    assert _misses(replay(oracles, ["grid"], SEEDS, 30), median=20, p90=30)
+
+
+def test_planted_landscapes_over_the_sm80_space():
+    oracles = landscapes("planted", load_space("sm80"), _problem(128, 16384, True), H200)
+    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=20, p90=30, within=60)
+    assert _misses(replay(oracles, ["grid"], SEEDS, 30), median=20, p90=30)
+
+
+def test_rugged_additive_landscapes_over_the_sm80_space():
+    """Random per-knob effects and pairwise interactions: stated target median 15, p90 40, one seed may miss 60."""
+    oracles = landscapes("additive", load_space("sm80"), _problem(64, 1024, False), H200)
+    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=15, p90=40, within=60, never=1)
+
+
+def test_planted_landscapes_over_the_whole_sm90_space():
+    """43.8 million grid points, 0.08% feasible at D 256: stated target median 20, 16 of 20 seeds within 60."""
+    oracles = landscapes("planted", load_space("sm90"), _problem(256, 8192, True, batch=2), H200)
+    runs = replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60)
+    hits = _hits(runs)
+    assert statistics.median(hits) <= 20 and sum(h <= 60 for h in hits) >= 16, sorted(hits)
+    assert all(run.repeats == 0 for run in runs)

@@ -1,0 +1,196 @@
+"""`flashtune bench --suite`: every study of a suite against its peers in one run, as the table that
+BENCHMARKS.md records (and, with ``--ablate``, what each tuned knob is worth).
+
+For each problem of the suite: the winner of its study on this GPU model is compiled, checked and
+timed by the GPU worker; then PyTorch SDPA (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION)
+and an 8192³ cuBLAS GEMM are timed by the same worker, right after. With ``ablate`` the winner is
+also timed with each knob that differs from the family's default put back to the default, one
+knob at a time: winner / ablated is what that knob's tuned value is worth on that shape.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import functools
+import multiprocessing as mp
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import optuna
+
+from .._version import __version__
+from ..devices import DeviceLimits
+from ..compile import CompileOutcome, compile_outcome
+from ..gpu import MeasureSettings, measure_job_for
+from ..problem import Problem
+from ..space import Space, load_space
+from ..study import mask_url, open_storage
+from ..study import ChosenConfig, StudyError, StudyMeta, choose
+from ..study import Suite, suite_studies
+from ..run import Worker
+
+__all__ = ["BenchRow", "bench_suite", "markdown_table"]
+
+PEERS = {"cudnn": "sdpa_cudnn_attention", "fa2": "sdpa_flash_attention", "gemm": "cublas_gemm_8192"}
+
+
+@dataclass
+class BenchRow:
+    problem: Problem
+    study: str | None = None
+    config: dict[str, int] = field(default_factory=dict)
+    tflops: float | None = None
+    note: str = ""  # why there is no figure, or the check's error
+    peers: dict[str, float | None] = field(default_factory=dict)  # peer name -> TFLOPS
+    ablations: dict[str, float | None] = field(default_factory=dict)  # knob put back to its default -> TFLOPS
+
+    def ratio(self, peer: str) -> float | None:
+        other = self.peers.get(PEERS.get(peer, peer))
+        return self.tflops / other if self.tflops and other else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem.to_dict(), "study": self.study, "config": self.config, "tflops": self.tflops,
+                "note": self.note, "peers": self.peers, "ablations": self.ablations}
+
+
+def _study_for(storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu: str
+               ) -> tuple[str | None, ChosenConfig | None, str]:
+    """Of the studies tuning one problem, the one measured on this GPU model with the fastest valid winner:
+    (its name, its winner checked as ``export`` checks it, why there is none)."""
+    best: tuple[str | None, ChosenConfig | None, str] = (None, None, "")
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        try:
+            if StudyMeta.read(study).gpu_name != gpu:
+                continue
+            chosen = choose(study)
+        except StudyError as e:
+            if best[1] is None:
+                best = (name, None, f"the study's winner cannot be used ({e})")
+            continue
+        if best[1] is None or (chosen.tflops or 0.0) > (best[1].tflops or 0.0):
+            best = (name, chosen, "")
+    return best
+
+
+def _time(worker: Worker, space: Space, config: dict[str, int], problem: Problem, device: DeviceLimits,
+          settings: MeasureSettings, tag: str, compiler: Callable[..., CompileOutcome]) -> tuple[float | None, str]:
+    reason = space.check(config, problem, device)
+    if reason:
+        return None, f"infeasible: {reason}"
+    outcome = compiler(str(space.path), config, problem, device)
+    if outcome.kernel is None:
+        return None, f"{outcome.status}: {outcome.reason[:200]}"
+    result = worker.measure(measure_job_for(space, config, problem, device, outcome.kernel, settings, tag=tag))
+    if not result.ok:
+        return None, f"{result.status}: {result.detail[:200]}"
+    return result.tflops, ""
+
+
+def _ablations(space: Space, row: BenchRow) -> dict[str, dict[str, int]]:
+    """The winner with each tuned knob put back to its default, by knob."""
+    out = {}
+    for knob in space.knobs:
+        default = knob.default_for(row.problem.head_dim)
+        if row.config[knob.name] != default:
+            out[knob.name] = {**row.config, knob.name: default}
+    return out
+
+
+def _warm(compiler: Callable[..., CompileOutcome], space_path: str, job: tuple[dict[str, int], Problem], *,
+          device: DeviceLimits) -> None:
+    compiler(space_path, job[0], job[1], device)
+
+
+def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url: str, *, ablate: bool = False,
+                settings: MeasureSettings | None = None, log: TextIO | None = None,
+                compiler: Callable[..., CompileOutcome] = compile_outcome,
+                compile_workers: int = 1) -> list[BenchRow]:
+    """One row per problem of ``suite``, in the suite's order (problems without a study on this GPU
+    model get a note instead of figures)."""
+    settings = settings or MeasureSettings()
+    space = load_space(suite.family)
+    device = DeviceLimits.from_info(info)
+    storage = open_storage(storage_url, create=False)
+    rows = []
+    entries = suite_studies(storage, suite)
+    for entry in entries:
+        row = BenchRow(problem=entry.problem)
+        rows.append(row)
+        row.study, chosen, why = _study_for(storage, entry.studies, str(info["name"]))
+        if row.study is None:
+            row.note = f"no study of this problem measured on {info['name']}: run `flashtune tune --suite`"
+        elif chosen is None:
+            row.note = why
+        else:
+            row.config = dict(chosen.config)
+    if compile_workers > 1:  # every kernel the run times, compiled up front in parallel (the cubin cache keeps them)
+        jobs = [(variant, row.problem) for row in rows if row.config
+                for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
+                if space.check(variant, row.problem, device) is None]
+        with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(functools.partial(_warm, compiler, str(space.path), device=device), jobs))
+    for i, row in enumerate(rows, 1):
+        if row.config:
+            row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite",
+                                         compiler)
+            if ablate and row.tflops:
+                for name, variant in _ablations(space, row).items():
+                    row.ablations[name], _ = _time(worker, space, variant, row.problem, device, settings,
+                                                   f"ablate-{name}", compiler)
+        if row.config or row.study:
+            peers = worker.call("run_peers", (row.problem, settings), timeout_s=900)
+            row.peers = {p["name"]: p.get("tflops") for p in peers}
+        if log is not None:
+            ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
+            cudnn = row.ratio("cudnn")
+            print(f"bench [{i}/{len(entries)}] {row.problem.slug()}: {ours}"
+                  + (f", {cudnn:.3f}x cuDNN" if cudnn else ""), file=log, flush=True)
+    return rows
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return format(x, fmt) if x else "—"
+
+
+def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, storage_url: str) -> str:
+    """The table BENCHMARKS.md records, with the date, GPU, driver, clock, version and commit above it."""
+    commit = _git_commit()
+    lines = [f"`flashtune bench --suite {suite.path.name}` — {dt.date.today().isoformat()}, {info['name']} "
+             f"(sm_{info['arch']}, driver {info.get('driver_version', info.get('driver', '?'))}, SM clock "
+             f"{info.get('sm_clock_mhz', '?')} MHz), flashtune {__version__}"
+             + (f" at {commit}" if commit else "") + f", studies in {mask_url(storage_url)}.",
+             "", "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r.problem
+        lines.append(f"| {p.dtype} | {p.head_dim} | {p.heads_q} | {'yes' if p.causal else 'no'} | {p.seqlen_q} | "
+                     f"{p.batch} | {_num(r.tflops)} | {_num(r.peers.get(PEERS['cudnn']))} | "
+                     f"{_num(r.peers.get(PEERS['fa2']))} | {_num(r.ratio('cudnn'), '.3f')} | "
+                     f"{_num(r.ratio('fa2'), '.3f')} | {_num(r.ratio('gemm'), '.3f')} | {r.note} |")
+    gemm = [r.peers.get(PEERS["gemm"]) for r in rows if r.peers.get(PEERS["gemm"])]
+    if gemm:
+        lines += ["", f"cuBLAS GEMM 8192³ {min(gemm):.0f}–{max(gemm):.0f} TFLOPS over the run."]
+    ablated = [r for r in rows if r.ablations]
+    if ablated:
+        knobs = sorted({k for r in ablated for k in r.ablations})
+        lines += ["", "Ablations: winner TFLOPS / TFLOPS with the knob put back to its default "
+                  "(> 1: the tuned value pays; — : same as the default or infeasible).", "",
+                  "| problem | " + " | ".join(knobs) + " |", "|---|" + "---|" * len(knobs)]
+        for r in ablated:
+            cells = [_num(r.tflops / r.ablations[k], ".3f") if r.ablations.get(k) else "—" for k in knobs]
+            lines.append(f"| {r.problem.slug()} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,5 @@
+"""TODO tuner.cli."""
+
+from ._main import main
+
+__all__ = ['main']

@@ -1,0 +1,109 @@
+"""The dispatch table: what one family's part of a dispatch header selects from, and its JSON form.
+
+``flashtune export --dispatch`` writes it (C++ in the header, JSON beside it); ``config="auto"``
+(:mod:`tuner.serve`) reads the JSON back and selects with :meth:`DispatchTable.select`, which is
+the header's ``select()`` in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FlashtuneError
+from ..problem import DTYPES
+from ..space import Config
+
+__all__ = ["JSON_FORMAT", "DispatchTable", "TableError", "table_from_json"]
+
+
+class TableError(FlashtuneError, ValueError):
+    """A dispatch table's JSON is malformed."""
+
+
+#: the "format" field of the JSON written beside a dispatch header
+JSON_FORMAT = "flashtune-dispatch/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchTable:
+    """What one family's part of a dispatch header selects from: the header's ``kDefault``,
+    ``default_config`` and ``kEntries``, with :meth:`select` doing what its ``select()`` does."""
+
+    family: str
+    knobs: tuple[str, ...]  # the space's knob order: the Config struct's fields
+    default: Config
+    head_dim_defaults: tuple[tuple[int, Config], ...]  # head dims whose default differs from ``default``
+    entries: tuple[tuple[str, int, bool, int, Config], ...]  # (dtype, head_dim, causal, seqlen, config), sorted
+
+    def default_config(self, head_dim: int) -> Config:
+        for d, config in self.head_dim_defaults:
+            if d == head_dim:
+                return config
+        return self.default
+
+    def select(self, dtype: str, head_dim: int, causal: bool, seqlen: int) -> Config:
+        """Among the entries of (dtype, head_dim, causal), the first (sorted by tuned seqlen) whose tuned
+        seqlen is at least ``seqlen``; past the largest, the largest; none of them: the head dim's default."""
+        largest = None
+        for e_dtype, e_head_dim, e_causal, e_seqlen, config in self.entries:
+            if e_dtype != dtype or e_head_dim != head_dim or e_causal != causal:
+                continue
+            if seqlen <= e_seqlen:
+                return config
+            largest = config
+        return largest if largest is not None else self.default_config(head_dim)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family, "knobs": list(self.knobs), "default": self.default,
+            "head_dim_defaults": [{"head_dim": d, "config": c} for d, c in self.head_dim_defaults],
+            "entries": [{"dtype": d, "head_dim": h, "causal": c, "seqlen": n, "config": config}
+                        for d, h, c, n, config in self.entries],
+        }
+
+
+def _int(value: Any, what: str, where: str, *, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or value >= 1 << 62:
+        raise TableError(f"{where}: {what} must be an integer of at least {least}, got {str(value)[:40]!r}")
+    return value
+
+
+def _config(value: Any, knobs: tuple[str, ...], where: str) -> Config:
+    if not isinstance(value, dict) or tuple(value) != knobs:
+        raise TableError(f"{where}: a config must give the knobs {', '.join(knobs)} in that order, got "
+                         f"{str(value)[:80]}")
+    return {k: _int(v, f"knob {k}", where, least=-(1 << 62)) for k, v in value.items()}
+
+
+def table_from_json(data: Any, where: str) -> DispatchTable:
+    if not isinstance(data, dict) or set(data) != {"family", "knobs", "default", "head_dim_defaults", "entries"}:
+        raise TableError(f"{where}: each family needs exactly family, knobs, default, head_dim_defaults, entries")
+    family, knobs = data["family"], data["knobs"]
+    if not isinstance(family, str) or not family.isidentifier():
+        raise TableError(f"{where}: family {str(family)[:40]!r} is not a family name")
+    where = f"{where} family {family}"
+    if not isinstance(knobs, list) or not knobs or not all(isinstance(k, str) for k in knobs):
+        raise TableError(f"{where}: knobs must be a list of knob names")
+    knobs = tuple(knobs)
+    if not isinstance(data["head_dim_defaults"], list) or not isinstance(data["entries"], list):
+        raise TableError(f"{where}: head_dim_defaults and entries must be lists")
+    defaults = []
+    for item in data["head_dim_defaults"]:
+        if not isinstance(item, dict) or set(item) != {"head_dim", "config"}:
+            raise TableError(f"{where}: a head_dim_defaults item needs exactly head_dim and config")
+        defaults.append((_int(item["head_dim"], "head_dim", where, least=1), _config(item["config"], knobs, where)))
+    entries = []
+    for item in data["entries"]:
+        if not isinstance(item, dict) or set(item) != {"dtype", "head_dim", "causal", "seqlen", "config"}:
+            raise TableError(f"{where}: an entry needs exactly dtype, head_dim, causal, seqlen and config")
+        if item["dtype"] not in DTYPES or not isinstance(item["causal"], bool):
+            raise TableError(f"{where}: an entry's dtype must be one of {sorted(DTYPES)} and causal true or false")
+        entries.append((item["dtype"], _int(item["head_dim"], "head_dim", where, least=1), item["causal"],
+                        _int(item["seqlen"], "seqlen", where, least=1), _config(item["config"], knobs, where)))
+    if [e[:4] for e in entries] != sorted(e[:4] for e in entries) or len({e[:4] for e in entries}) != len(entries):
+        raise TableError(f"{where}: entries must be sorted by (dtype, head_dim, causal, seqlen), one per bucket")
+    return DispatchTable(family=family, knobs=knobs, default=_config(data["default"], knobs, where),
+                         head_dim_defaults=tuple(defaults), entries=tuple(entries))
+
+

@@ -1,0 +1,215 @@
+"""Load a cubin and launch a flashtune kernel. GPU-only (imports CuPy).
+
+The kernel arguments of each ABI (kernel_src/README.md) are laid out once in a host buffer
+with the array of pointers ``cuLaunchKernel`` takes (:class:`ArgBuffer`); a launch only writes
+the values that change (device pointers, strides, the scale, and for ``sm90_tma`` the tensor
+maps) and calls the driver on a stream. The driver copies the arguments when the launch is
+made (or captured into a CUDA graph), so a buffer can be refilled for the next launch.
+
+Operands are ``(pointer, batch_stride, row_stride, head_stride)`` of a
+``[batch, seqlen, heads, head_dim]`` tensor, strides in elements, the last dimension contiguous.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import cupy
+from cupy.cuda import driver
+
+from ._tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
+
+__all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "Shape", "load_kernel"]
+
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+Operand = tuple[int, int, int, int]  # (device pointer, batch stride, row stride, head stride), strides in elements
+
+
+class LaunchError(ValueError):
+    """Arrays that do not fit a kernel's arguments (shapes, dtypes, layout)."""
+
+
+def launch_kernel(function_ptr: int, grid: tuple[int, int, int], threads: int, smem_bytes: int, stream: int,
+                  params_address: int) -> None:
+    """``cuLaunchKernel`` with an argument-pointer array (raises CuPy's CUDADriverError on failure)."""
+    driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, params_address, 0)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a launch's arguments are fixed for."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str  # "fp16" or "bf16"
+
+
+class ArgBuffer:
+    """Kernel arguments in one host buffer: a 64-byte-aligned block of ``lead_bytes`` (tensor maps), then scalars
+    laid out as the native ``struct`` format ``scalars``; ``params_address`` is the argument-pointer array."""
+
+    def __init__(self, *, lead_params: int, scalars: str) -> None:
+        self.scalars = struct.Struct("@" + scalars)
+        self.lead_bytes = lead_params * TMA_DESC_BYTES
+        size = self.lead_bytes + self.scalars.size
+        self._storage = ctypes.create_string_buffer(size + TMA_DESC_ALIGN)
+        start = ctypes.addressof(self._storage)
+        self.offset = -start % TMA_DESC_ALIGN
+        self.address = start + self.offset
+        pointers = [self.address + i * TMA_DESC_BYTES for i in range(lead_params)]
+        position = 0
+        for code in _codes(scalars):
+            size_of = struct.calcsize("@" + code)
+            position += -position % size_of  # native alignment, as struct lays it out
+            pointers.append(self.address + self.lead_bytes + position)
+            position += size_of
+        assert position == self.scalars.size, (scalars, position, self.scalars.size)
+        self._pointers = (ctypes.c_void_p * len(pointers))(*pointers)
+        self.params_address = ctypes.addressof(self._pointers)
+
+    def pack_scalars(self, *values) -> None:
+        self.scalars.pack_into(self._storage, self.offset + self.lead_bytes, *values)
+
+    def param_bytes(self, index: int, size: int) -> bytes:
+        """The ``size`` bytes argument ``index`` points at (for tests)."""
+        return ctypes.string_at(self._pointers[index], size)
+
+
+def _codes(fmt: str) -> list[str]:
+    out, count = [], ""
+    for ch in fmt:
+        if ch.isdigit():
+            count += ch
+        else:
+            out += [ch] * int(count or 1)
+            count = ""
+    return out
+
+
+class FlatArgs:
+    """ABI ``flat`` (family sm80): pointers, sizes, element strides of Q, K, V, O, scale."""
+
+    def __init__(self, shape: Shape, params: Mapping[str, int]) -> None:
+        self.buffer = ArgBuffer(lead_params=0, scalars="5P5i12qf")
+        self._sizes = (shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_kv)
+
+    def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
+        self.buffer.pack_scalars(q[0], k[0], v[0], o[0], lse, *self._sizes, q[1], q[2], q[3], k[1], k[2], k[3],
+                                 v[1], v[2], v[3], o[1], o[2], o[3], softmax_scale)
+
+
+class TmaArgs:
+    """ABI ``sm90_tma`` (family sm90): tensor maps of Q, K, V, O, then the LSE pointer, sizes and scale."""
+
+    def __init__(self, shape: Shape, params: Mapping[str, int]) -> None:
+        self.buffer = ArgBuffer(lead_params=4, scalars="P5if")
+        rows = box_rows(params)
+        q_shape = (shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim)
+        kv_shape = (shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim)
+        self._slots = [TensorMapSlot(self.buffer.address + i * TMA_DESC_BYTES, dtype=shape.dtype, shape=s,
+                                     rows_box=rows[name])
+                       for i, (name, s) in enumerate((("q", q_shape), ("k", kv_shape), ("v", kv_shape),
+                                                      ("o", q_shape)))]
+        self._sizes = (shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_kv)
+
+    def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
+        for slot, (ptr, batch_stride, row_stride, head_stride) in zip(self._slots, (q, k, v, o), strict=True):
+            slot.encode(ptr, batch_stride * 2, row_stride * 2, head_stride * 2)  # 16-bit elements
+        self.buffer.pack_scalars(lse, *self._sizes, softmax_scale)
+
+
+#: ABI name (a space file's ``[family] abi``) -> argument layout
+ABIS: dict[str, type] = {"flat": FlatArgs, "sm90_tma": TmaArgs}
+
+
+class Launcher:
+    """Launches of one kernel for one :class:`Shape`: ``launcher(stream, q, k, v, o, lse, scale)`` packs the
+    operands and launches on ``stream`` (a ``cudaStream_t`` as an int). Safe to call from several threads."""
+
+    def __init__(self, kernel: Kernel, shape: Shape) -> None:
+        self._args = ABIS[kernel.abi](shape, kernel.abi_params)
+        self._function_ptr = kernel.function.ptr
+        self._geometry = (kernel.grid, kernel.threads, kernel.smem_bytes)
+        self._lock = threading.Lock()
+
+    def __call__(self, stream: int, q: Operand, k: Operand, v: Operand, o: Operand, lse: int,
+                 softmax_scale: float) -> None:
+        grid, threads, smem_bytes = self._geometry
+        with self._lock:  # one argument buffer: pack and launch together
+            self._args.pack(q, k, v, o, lse, softmax_scale)
+            launch_kernel(self._function_ptr, grid, threads, smem_bytes, stream, self._args.buffer.params_address)
+
+
+def _operand(x) -> Operand:
+    strides = x.strides
+    return (x.data.ptr, strides[0] // x.itemsize, strides[1] // x.itemsize, strides[2] // x.itemsize)
+
+
+class Kernel:
+    """One loaded kernel with its launch geometry."""
+
+    def __init__(self, function, *, abi: str, grid: tuple[int, int, int], threads: int, smem_bytes: int,
+                 config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> None:
+        if abi not in ABIS:
+            raise ValueError(f"unknown kernel ABI {abi!r}; known: {', '.join(ABIS)}")
+        self.function = function
+        self.abi = abi
+        self.grid, self.threads, self.smem_bytes = tuple(grid), threads, smem_bytes
+        self.config = dict(config)
+        self.abi_params = dict(abi_params or {})  # the space's [launch.abi] values for this config and shape
+        if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
+            driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
+
+    def launcher(self, shape: Shape) -> Launcher:
+        return Launcher(self, shape)
+
+    def args(self, q, k, v, o, lse, softmax_scale: float):
+        """The arguments for CuPy arrays (bf16 as uint16 bits): an object :meth:`launch` takes, reusable."""
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        _, seqlen_k, heads_kv, _ = k.shape
+        if o.shape != q.shape or v.shape != k.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+            raise LaunchError(f"shapes disagree: q {q.shape}, k {k.shape}, v {v.shape}, o {o.shape}")
+        if heads_q % heads_kv:
+            raise LaunchError(f"heads_kv {heads_kv} must divide heads_q {heads_q}")
+        if lse.shape != (batch, heads_q, seqlen_q) or lse.dtype != cupy.float32 or not lse.flags.c_contiguous:
+            raise LaunchError(f"lse must be contiguous fp32 {(batch, heads_q, seqlen_q)}, got {lse.dtype} {lse.shape}")
+        for x in (q, k, v, o):
+            if x.itemsize != 2 or x.strides[3] != 2:
+                raise LaunchError(f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides "
+                               f"{x.strides}")
+        shape = Shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
+                      "fp16" if q.dtype == cupy.float16 else "bf16")
+        args = ABIS[self.abi](shape, self.abi_params)
+        args.pack(_operand(q), _operand(k), _operand(v), _operand(o), lse.data.ptr, float(softmax_scale))
+        return args
+
+    def launch(self, args, stream=None) -> None:
+        """Launch with :meth:`args`' result on ``stream`` (a CuPy stream, a ``cudaStream_t`` int, or None: CuPy's
+        current stream)."""
+        if stream is None:
+            stream = cupy.cuda.get_current_stream()
+        handle = stream if isinstance(stream, int) else stream.ptr
+        launch_kernel(self.function.ptr, self.grid, self.threads, self.smem_bytes, handle, args.buffer.params_address)
+
+
+@functools.lru_cache(maxsize=64)
+def _module(cubin_path: str):
+    module = cupy.cuda.function.Module()
+    module.load_file(cubin_path)
+    return module
+
+
+def load_kernel(cubin_path: str, entry: str, *, abi: str, grid: tuple[int, int, int], threads: int,
+                smem_bytes: int, config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> Kernel:
+    return Kernel(_module(cubin_path).get_function(entry), abi=abi, grid=tuple(grid), threads=threads,
+                  smem_bytes=smem_bytes, config=config, abi_params=abi_params)

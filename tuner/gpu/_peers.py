@@ -1,0 +1,67 @@
+"""Peers timed in the same run as a flashtune kernel: PyTorch SDPA backends and a large cuBLAS GEMM.
+
+Runs in the GPU worker. Needs PyTorch; a backend that refuses the shape is reported, not fatal.
+Timed by :func:`.measure.time_kernel`, the method flashtune's kernels are timed with (PyTorch
+launches on the legacy default stream, CuPy's current stream here, so the events frame them).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._jobs import MeasureSettings
+from ._measure import time_kernel
+from ._stopping import TimingStats
+
+__all__ = ["SDPA_BACKENDS", "time_peers"]
+
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def time_peers(argument: tuple) -> list[dict[str, object]]:
+    """``(problem, settings)`` -> rows ``{"name", "latency_ms", "tflops", "detail"}``."""
+    problem, settings = argument
+    settings = settings or MeasureSettings()
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+    except ImportError:
+        return [{"name": "pytorch", "latency_ms": None, "tflops": None, "detail": "PyTorch is not installed"}]
+    p = problem
+    dtype = torch.float16 if p.dtype == "fp16" else torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(settings.seed + 1)
+    # [B, N, H, D] storage viewed as [B, H, N, D], the layout flashtune kernels read
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    v = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    rows: list[dict[str, object]] = []
+    for backend in SDPA_BACKENDS:
+        name = f"sdpa_{backend.lower()}"
+        if p.causal and p.seqlen_q != p.seqlen_k:
+            rows.append({"name": name, "latency_ms": None, "tflops": None,
+                         "detail": "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k"})
+            continue
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                def run() -> None:
+                    sdpa(q, k, v, is_causal=p.causal, scale=1.0 / math.sqrt(p.head_dim),
+                         enable_gqa=p.heads_q != p.heads_kv)
+                run()
+                torch.cuda.synchronize()
+                stats = time_kernel(run, settings).stats
+            rows.append({"name": name, "detail": "", **_row(stats, p.flops)})
+        except RuntimeError as e:
+            rows.append({"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]})
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
+    rows.append({"name": f"cublas_gemm_{n}", "detail": "random inputs", **_row(stats, 2.0 * n**3)})
+    return rows
+
+
+def _row(stats: TimingStats, flops: float) -> dict[str, object]:
+    tflops = flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None
+    return {"latency_ms": stats.median_ms, "tflops": tflops, "spread": stats.spread, "rel_ci": stats.rel_ci,
+            "reps": stats.reps}

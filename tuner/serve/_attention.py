@@ -1,0 +1,477 @@
+"""Call a flashtune kernel from Python: ``tuner.attention(q, k, v, causal=True, config="best.h")``.
+
+Inputs are CuPy arrays or PyTorch CUDA tensors of shape ``[batch, seqlen, heads, head_dim]``
+(K and V may have fewer heads: grouped-query attention), fp16 or bf16, last dimension
+contiguous. CuPy has no bfloat16, so a CuPy bf16 array is ``uint16`` or ``int16`` holding
+the bits, as :mod:`tuner.gpu.tensors` makes them. The result has the kind, dtype and device
+of ``q``. PyTorch tensors are passed by pointer, without DLPack or a copy; with PyTorch the
+call is also an operator, ``torch.ops.flashtune.attention`` (:mod:`tuner.torch_op`).
+
+The first call for a (family, config, device, dtypes, shapes, causal) builds a launch plan:
+the space is loaded and checked, the config resolved (a header, ``"auto"`` with ``tuned=``,
+a dict or the defaults), the kernel compiled for the device (the on-disk cubin cache makes
+that a lookup after the first time), loaded, and its launch geometry and argument buffer
+made. Later calls look the plan up and only allocate O and LSE, make the tensor maps or
+pointers, pack the arguments and launch on the current stream (PyTorch's current stream for
+tensors, which is the capture stream inside ``torch.cuda.graph``: calls can be captured).
+The plan is keyed on the *content* of the space file and of the config header or dispatch
+JSON (:mod:`tuner.filekey`: one ``stat`` per file per call), so an edited file is never
+served stale. Importing this module needs no GPU, CuPy or PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import FlashtuneError
+from ..files import FileContentError, read_content
+from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
+from ..problem import Problem
+from ..space import Config, Space, load_space
+from ._tuned import TunedConfigs, TunedError, tuned_configs
+
+__all__ = ["AttentionError", "CAPTURE_FIRST_CALL", "FORWARD_ONLY", "attention", "clear_cache", "resolve_config"]
+
+FORWARD_ONLY = ("flashtune kernels are forward-only (inference and forward benchmarks): q, k or v requires grad; "
+                "call under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+CAPTURE_FIRST_CALL = ("the first call for this shape and config compiles and loads its kernel, which cannot happen "
+                      "while a CUDA graph is being captured; make one call before capturing (a warm-up)")
+_MAX_PLANS = 4096
+
+
+class AttentionError(FlashtuneError, ValueError):
+    """The inputs or the config cannot run on this kernel family and device."""
+
+
+def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, head_dim: int | None = None) -> Config:
+    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
+    exported header."""
+    if config is None:
+        return space.defaults(head_dim)
+    if isinstance(config, (str, Path)):
+        from ..export import read_header  # deferred: imports Optuna
+
+        return read_header(config, space)
+    if isinstance(config, Mapping):
+        return space.validate(config, partial=True, head_dim=head_dim)
+    raise AttentionError(f"config must be None, a dict of knob values or the path of an exported header, "
+                         f"not {type(config).__name__}")
+
+
+# -- what the cache is keyed on: file contents, not names ----------------------------------------------
+_space_paths: dict[Any, str] = {}  # family as given -> its space file
+_spaces: dict[tuple[str, str], Space] = {}  # (space file, content digest) -> Space
+_header_configs: dict[tuple, Config] = {}
+
+
+def _space_key(family: Any) -> tuple[str, str]:
+    """(space file, digest of its content): one ``stat`` while the file is unchanged."""
+    path = _space_paths.get(family)
+    if path is None:
+        space = load_space(family)  # an unknown family raises its SpaceError here
+        path = _space_paths[family] = str(space.path)
+    try:
+        digest, _ = read_content(path)
+    except FileContentError:
+        _space_paths.pop(family, None)
+        load_space(family)  # the error of a file that went away
+        raise
+    return path, digest
+
+
+def _space(space_key: tuple[str, str]) -> Space:
+    space = _spaces.get(space_key)
+    if space is None:
+        if len(_spaces) > 64:
+            _spaces.clear()
+        space = _spaces[space_key] = load_space(Path(space_key[0]))
+    return space
+
+
+def _config_key(config: Any, tuned: Any) -> tuple:
+    if isinstance(config, str) and config == "auto":
+        if tuned is None:
+            raise AttentionError("config='auto' needs tuned=: the .json written by `flashtune export --dispatch`, "
+                                 "a suite file or a storage URL")
+        try:
+            return ("auto", tuned_configs(tuned))
+        except TunedError as e:
+            raise AttentionError(str(e)) from None
+    if tuned is not None:
+        raise AttentionError("tuned= goes with config='auto'")
+    if config is None:
+        return ("defaults",)
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            digest, _ = read_content(path, limit_bytes=MAX_HEADER_BYTES)
+        except FileContentError as e:
+            raise AttentionError(f"cannot read config header {str(e).removeprefix('cannot read ')}") from None
+        return ("header", path, digest)
+    if isinstance(config, Mapping):
+        try:
+            items = tuple(sorted(config.items()))
+            hash(items)
+        except TypeError:
+            raise AttentionError(f"config must map knob names to integers, got {str(dict(config))[:200]}") from None
+        return ("knobs", items)
+    raise AttentionError(f"config must be None, 'auto', a dict of knob values or the path of an exported header, "
+                         f"not {type(config).__name__}")
+
+
+def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, problem: Problem) -> Config:
+    kind = config_key[0]
+    if kind == "defaults":
+        return space.defaults(problem.head_dim)
+    if kind == "knobs":
+        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim)
+    if kind == "auto":
+        try:
+            return config_key[1].config_for(space, problem)
+        except TunedError as e:
+            raise AttentionError(str(e)) from None
+    _, path, digest = config_key
+    made_for = (problem.head_dim, problem.dtype, bool(problem.causal))
+    key = (path, digest, space_key, made_for)
+    config = _header_configs.get(key)
+    if config is None:
+        try:
+            _, data = read_content(path, limit_bytes=MAX_HEADER_BYTES)
+            config = parse_header(decode_header(data, path), path, space, problem)
+        except (FileContentError, HeaderError) as e:
+            raise AttentionError(str(e)) from None
+        if len(_header_configs) > 256:
+            _header_configs.clear()
+        _header_configs[key] = config
+    return config
+
+
+# -- plans ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """Everything a call needs that does not depend on the tensors' addresses."""
+
+    launcher: Any  # tuner.gpu.launch.Launcher
+    device: int
+    context: int  # the CUcontext the kernel was loaded in
+    lse_shape: tuple[int, int, int]
+    o_strides: tuple[int, int, int]  # of a fresh contiguous O: batch, row, head (elements)
+    default_scale: float
+    config: Config
+    problem: Problem
+    # an LSE buffer per library ("torch", "cupy") for calls that do not return it: the kernel always writes
+    # one, and not allocating it saves host time per call (several streams may write it at once: nobody reads it)
+    scratch_lse: dict[str, Any] = field(default_factory=dict)
+
+    def launch(self, stream: int, q, k, v, o, lse: int, scale: float) -> None:
+        if _current_context() == self.context:
+            self.launcher(stream, q, k, v, o, lse, scale)
+            return
+        previous = _runtime.getDevice()  # another device is current in this thread: switch for the launch
+        _runtime.setDevice(self.device)
+        try:
+            self.launcher(stream, q, k, v, o, lse, scale)
+        finally:
+            _runtime.setDevice(previous)
+
+
+_lock = threading.Lock()
+_plans: dict[tuple, _Plan] = {}
+_limits: dict[int, Any] = {}
+_cubins: dict[tuple, tuple[str, str]] = {}
+_modules: dict[tuple[int, str], Any] = {}
+_driver: Any = None  # cupy.cuda.driver and .runtime, once a plan is built
+_runtime: Any = None
+
+
+def _current_context() -> int:
+    """The calling thread's current CUcontext (0 when none)."""
+    return _driver.ctxGetCurrent()
+
+
+def _select_device(device_id: int):
+    """A context manager making ``device_id`` current (CuPy's; the context the kernel is loaded in)."""
+    import cupy
+
+    return cupy.cuda.Device(device_id)
+
+
+def clear_cache() -> None:
+    """Forget every launch plan and remembered file (the next call of each shape builds its plan again)."""
+    with _lock:
+        _plans.clear()
+        _spaces.clear()
+        _space_paths.clear()
+        _header_configs.clear()
+
+
+def _device_limits(device_id: int):
+    from ..devices import DeviceLimits
+    from ..gpu._info import gpu_info
+
+    if device_id not in _limits:
+        _limits[device_id] = DeviceLimits.from_info(gpu_info())  # of the current device: the caller selects it
+    return _limits[device_id]
+
+
+def _load_function(space: Space, config: Config, problem: Problem, device, device_id: int):
+    """The kernel function for (config, problem macros) on this device: compiled once, loaded once per device."""
+    import cupy
+
+    from ..compile import compile_config
+    from ..space import config_key
+
+    macros = space.macros(config, problem, device)
+    key = (str(space.path), config_key(config), tuple(sorted(macros.items())), device.arch)
+    if key not in _cubins:
+        kernel = compile_config(space, config, problem, device)
+        _cubins[key] = (kernel.cubin_path, kernel.entry)
+    cubin_path, entry = _cubins[key]
+    if (device_id, cubin_path) not in _modules:
+        module = cupy.cuda.function.Module()
+        module.load_file(cubin_path)
+        _modules[(device_id, cubin_path)] = module
+    return _modules[(device_id, cubin_path)].get_function(entry)
+
+
+def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise AttentionError(f"{name} must be [batch, seqlen, heads, head_dim], got shape {tuple(x.shape)}")
+    if len(set(dtypes)) != 1:
+        raise AttentionError(f"q, k and v must share a dtype, got {', '.join(dtypes)}")
+    if tuple(k.shape) != tuple(v.shape):
+        raise AttentionError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise AttentionError(f"k and v must match q in batch and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    batch, seqlen_q, heads_q, head_dim = (int(s) for s in q.shape)
+    try:
+        return Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=int(k.shape[1]), heads_q=heads_q,
+                       heads_kv=int(k.shape[2]), head_dim=head_dim, dtype=dtypes[0], causal=bool(causal))
+    except FlashtuneError as e:
+        raise AttentionError(str(e)) from None
+
+
+def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool, device_id: int,
+                capturing) -> _Plan:
+    """Validate everything about the call and build its plan (the slow path: once per key)."""
+    global _driver, _runtime
+    space_key, config_key = key[0], key[1]
+    with _lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            return plan
+        space = _space(space_key)
+        problem = _problem(q, k, v, dtypes, causal)
+        reason = space.supports(problem)
+        if reason:
+            raise AttentionError(reason)
+        chosen = _chosen_config(space, space_key, config_key, problem)
+        if capturing():
+            raise AttentionError(CAPTURE_FIRST_CALL)
+        from cupy.cuda import driver, runtime
+
+        from ..gpu._launch import Kernel, Shape
+
+        _driver, _runtime = driver, runtime
+        with _select_device(device_id):
+            device = _device_limits(device_id)
+            reason = space.check(chosen, problem, device)
+            if reason:
+                raise AttentionError(f"config {chosen} cannot run this problem on {device.name}: {reason}")
+            geometry = space.launch(chosen, problem, device)
+            kernel = Kernel(_load_function(space, chosen, problem, device, device_id), abi=space.family.abi,
+                            grid=geometry.grid, threads=geometry.threads, smem_bytes=geometry.smem_bytes,
+                            config=chosen, abi_params=geometry.abi)
+            p = problem
+            launcher = kernel.launcher(Shape(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
+                                             p.dtype))
+            context = _current_context()
+        plan = _Plan(launcher=launcher, device=device_id, context=context, lse_shape=(p.batch, p.heads_q, p.seqlen_q),
+                     o_strides=(p.seqlen_q * p.heads_q * p.head_dim, p.heads_q * p.head_dim, p.head_dim),
+                     default_scale=1.0 / math.sqrt(p.head_dim), config=chosen, problem=problem)
+        if len(_plans) >= _MAX_PLANS:
+            for old in list(_plans)[: _MAX_PLANS // 2]:  # the oldest half
+                del _plans[old]
+        _plans[key] = plan
+        return plan
+
+
+# -- PyTorch tensors ------------------------------------------------------------------------------------
+def register_torch_op() -> bool:
+    """Register ``torch.ops.flashtune.attention`` (:mod:`tuner.torch_op`); False on a PyTorch without
+    ``torch.library.custom_op`` (before 2.4), where ``tuner.attention`` still works eagerly."""
+    try:
+        from .. import serve as torch_op  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def _torch_device(t) -> int:
+    """The CUDA device index of a tensor, -1 when it is not on a CUDA device."""
+    return t.get_device() if t.is_cuda else -1
+
+
+def _torch_stream(torch, device: int) -> int:
+    """PyTorch's current stream on ``device`` (the capture stream inside ``torch.cuda.graph``), as a handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Inductor's generated code calls: no object
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _torch_capturing(torch) -> bool:
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _torch_dtype(torch, t) -> str:
+    if t.dtype == torch.float16:
+        return "fp16"
+    if t.dtype == torch.bfloat16:
+        return "bf16"
+    raise AttentionError(f"tensors must be float16 or bfloat16, got {t.dtype}")
+
+
+def _torch_operand(torch, x):
+    """(tensor the kernel can read, operand): a copy on the caller's stream when the kernel cannot address it."""
+    stride = x.stride()
+    ptr = x.data_ptr()
+    if (ptr % 16 or stride[3] != 1 or stride[0] % 8 or stride[1] % 8 or stride[2] % 8
+            or stride[0] <= 0 or stride[1] <= 0 or stride[2] <= 0):  # 16-bit elements: 16-byte multiples
+        x = x.clone(memory_format=torch.contiguous_format)
+        stride = x.stride()
+        ptr = x.data_ptr()
+    return x, (ptr, stride[0], stride[1], stride[2])
+
+
+def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
+    tensor = torch.Tensor
+    if not (isinstance(k, tensor) and isinstance(v, tensor)):
+        raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        raise AttentionError(FORWARD_ONLY)
+    device = _torch_device(q)
+    key = (_space_key(family), _config_key(config, tuned), device, _torch_device(k), _torch_device(v),
+           q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape, causal)
+    plan = _plans.get(key)
+    if plan is None:
+        register_torch_op()
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if _torch_device(x) < 0:
+                raise AttentionError(f"tensors must be on a CUDA device, got {x.device} for {name}")
+        if not device == key[3] == key[4]:
+            raise AttentionError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+        dtypes = (_torch_dtype(torch, q), _torch_dtype(torch, k), _torch_dtype(torch, v))
+        plan = _build_plan(key, q, k, v, dtypes, causal, device, lambda: _torch_capturing(torch))
+    q, qa = _torch_operand(torch, q)
+    k, ka = _torch_operand(torch, k)
+    v, va = _torch_operand(torch, v)
+    o = q.new_empty(q.shape)
+    lse = plan.scratch_lse.get("torch") if not want_lse else None
+    if lse is None:
+        lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+        if not want_lse and not _torch_capturing(torch):  # an allocation made inside a capture is the graph's
+            plan.scratch_lse["torch"] = lse
+    scale = plan.default_scale if softmax_scale is None else float(softmax_scale)
+    plan.launch(_torch_stream(torch, device), qa, ka, va, (o.data_ptr(), *plan.o_strides), lse.data_ptr(), scale)
+    return o, (lse if want_lse else None)
+
+
+# -- CuPy arrays --------------------------------------------------------------------------------------
+def _cupy_dtype(cupy, x) -> str:
+    if x.dtype == cupy.float16:
+        return "fp16"
+    if x.dtype in (cupy.uint16, cupy.int16) or str(x.dtype) == "bfloat16":
+        return "bf16"
+    raise AttentionError(f"arrays must be float16, or bf16 bits as uint16/int16, got {x.dtype}")
+
+
+def _cupy_operand(x):
+    """(array the kernel can read, operand): a fresh C-contiguous copy when the kernel cannot address it."""
+    strides = x.strides
+    ptr = x.data.ptr
+    if (ptr % 16 or strides[3] != 2 or strides[0] % 16 or strides[1] % 16 or strides[2] % 16
+            or strides[0] <= 0 or strides[1] <= 0 or strides[2] <= 0):
+        x = x.copy()  # ascontiguousarray keeps a contiguous misaligned array as it is
+        strides = x.strides
+        ptr = x.data.ptr
+    return x, (ptr, strides[0] // 2, strides[1] // 2, strides[2] // 2)
+
+
+def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
+    import cupy
+
+    if not all(isinstance(x, cupy.ndarray) for x in (q, k, v)):
+        torch = sys.modules.get("torch")
+        if torch is not None and any(isinstance(x, torch.Tensor) for x in (k, v)):
+            raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
+        raise AttentionError(f"inputs must be CuPy arrays or PyTorch tensors, got {type(q).__name__}")
+    device = q.device.id
+    key = (_space_key(family), _config_key(config, tuned), device, k.device.id, v.device.id, q.dtype, k.dtype,
+           v.dtype, q.shape, k.shape, v.shape, causal)
+    with cupy.cuda.Device(device):
+        plan = _plans.get(key)
+        if plan is None:
+            if not device == key[3] == key[4]:
+                raise AttentionError(f"q, k and v must be on one device, got {device}, {key[3]} and {key[4]}")
+            dtypes = (_cupy_dtype(cupy, q), _cupy_dtype(cupy, k), _cupy_dtype(cupy, v))
+            plan = _build_plan(key, q, k, v, dtypes, causal, device,
+                               lambda: cupy.cuda.get_current_stream().is_capturing())
+        q, qa = _cupy_operand(q if q.dtype == cupy.float16 else q.view(cupy.uint16))
+        k, ka = _cupy_operand(k if k.dtype == cupy.float16 else k.view(cupy.uint16))
+        v, va = _cupy_operand(v if v.dtype == cupy.float16 else v.view(cupy.uint16))
+        o = cupy.empty(q.shape, dtype=q.dtype)
+        lse = plan.scratch_lse.get("cupy") if not want_lse else None
+        if lse is None:
+            lse = cupy.empty(plan.lse_shape, dtype=cupy.float32)
+            if not want_lse and not cupy.cuda.get_current_stream().is_capturing():
+                plan.scratch_lse["cupy"] = lse
+        scale = plan.default_scale if softmax_scale is None else float(softmax_scale)
+        plan.launch(cupy.cuda.get_current_stream().ptr, qa, ka, va, (o.data.ptr, *plan.o_strides), lse.data.ptr,
+                    scale)
+    return o, (lse if want_lse else None)
+
+
+# -- the function ---------------------------------------------------------------------------------------
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, family: str = "sm80",
+              config: None | Mapping[str, Any] | str | Path = None, tuned: TunedConfigs | str | Path | None = None,
+              return_lse: bool = False):
+    """Forward attention ``softmax(scale * Q K^T + mask) V`` with a flashtune kernel.
+
+    Args:
+        q: ``[batch, seqlen_q, heads_q, head_dim]`` CuPy array or PyTorch CUDA tensor, fp16 or bf16.
+        k, v: ``[batch, seqlen_k, heads_kv, head_dim]``, same kind and dtype; ``heads_kv`` divides ``heads_q``.
+        causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + seqlen_k - seqlen_q``).
+        softmax_scale: default ``1 / sqrt(head_dim)``.
+        family: kernel family (a file in ``search_spaces/``) or the path of a space file.
+        config: None (the family's defaults), a dict of knob values (others default), the path of a header
+            written by ``flashtune export`` (made for this head dim, dtype and mask), or ``"auto"``: the tuned
+            config of the bucket this shape falls in, as the dispatch header's ``select()`` picks it.
+        tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
+            the header, a suite file, a storage URL, or a :class:`tuner.tuned.TunedConfigs`.
+        return_lse: also return the natural-log log-sum-exp, fp32 ``[batch, heads_q, seqlen_q]``.
+
+    Returns:
+        O like ``q`` (same kind, dtype, device; contiguous), or ``(O, LSE)`` with ``return_lse``.
+
+    Raises:
+        AttentionError: inputs or config this kernel cannot run (one line); also for tensors that require
+            grad while grad mode is on: the kernels are forward-only.
+
+    Example:
+        >>> import torch, tuner
+        >>> q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        >>> o = tuner.attention(q, k, v, causal=True, config="studies/best.h")
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        o, lse = _torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
+    else:
+        o, lse = _cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
+    return (o, lse) if return_lse else o

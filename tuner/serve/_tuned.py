@@ -1,0 +1,213 @@
+"""``config="auto"``: the tuned config for each shape at run time, chosen as a dispatch header chooses.
+
+``flashtune export --dispatch -o dispatch.h`` writes a C++ header whose ``select()`` picks a
+config per shape, and beside it ``dispatch.json`` with the same tables. A
+:class:`TunedConfigs` holds those tables, loaded from that JSON or built from a study
+storage exactly as the export builds them (a suite file's studies, or every study of a
+storage); :meth:`DispatchTable.select` is the header's ``select()`` in Python:
+
+- among the tuned entries of the same (dtype, head_dim, causal), the one with the smallest
+  tuned query length at or above the call's ``seqlen_q``; above the largest, the largest;
+- no entry for (dtype, head_dim, causal): the family's default config for that head dim
+  (also for a family that no study tuned).
+
+``tuner.attention(..., config="auto", tuned=SOURCE)`` takes a :class:`TunedConfigs` or a
+source: a ``.json`` path, a suite file (``.toml``, its storage and studies) or a storage
+URL. A JSON or suite file is reloaded when its content changes, a SQLite database when its
+file changes; a database server is read once per process (pass a new
+:func:`load_tuned` result to refresh). This module imports no Optuna until a storage is read.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import FlashtuneError
+from ..files import FileContentError, read_content
+from ..problem import DTYPES, Problem
+from ..export import JSON_FORMAT, DispatchTable, TableError, table_from_json
+from ..space import Config, ConfigError, Space
+
+__all__ = ["DispatchTable", "JSON_FORMAT", "TunedConfigs", "TunedError", "load_tuned", "parse_tuned_json",
+           "tuned_configs"]
+
+MAX_JSON_BYTES = 64 << 20
+
+
+class TunedError(FlashtuneError, ValueError):
+    """A source of tuned configs cannot be read, or does not fit today's space files."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)  # compared and hashed by identity: a launch-cache key
+class TunedConfigs:
+    """Dispatch tables by family, and where they came from."""
+
+    tables: Mapping[str, DispatchTable]
+    source: str
+    gpu: str = ""
+    not_covered: tuple[str, ...] = field(default=())
+
+    def config_for(self, space: Space, problem: Problem) -> Config:
+        """The config a dispatch header's ``select()`` gives ``problem``, checked against today's ``space``."""
+        table = self.tables.get(space.name)
+        if table is None:
+            return space.defaults(problem.head_dim)
+        knobs = tuple(k.name for k in space.knobs)
+        if table.knobs != knobs:
+            raise TunedError(f"{self.source}: its {space.name} configs have knobs {', '.join(table.knobs)}, today's "
+                             f"space file has {', '.join(knobs)}; export the dispatch header and JSON again")
+        config = table.select(problem.dtype, problem.head_dim, bool(problem.causal), problem.seqlen_q)
+        try:
+            return space.validate(config)
+        except ConfigError as e:
+            raise TunedError(f"{self.source}: a tuned {space.name} config no longer fits the space ({e}); export "
+                             "the dispatch header and JSON again") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise TunedError(f"not valid JSON: {name}")
+
+
+def parse_tuned_json(text: str | bytes, where: str) -> TunedConfigs:
+    """The tables of a JSON written by ``flashtune export --dispatch``; :class:`TunedError` if malformed."""
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except TunedError as e:
+        raise TunedError(f"{where}: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise TunedError(f"{where} is not a dispatch JSON written by `flashtune export --dispatch`: "
+                         f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__}") from None
+    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+        raise TunedError(f"{where} is not a dispatch JSON written by `flashtune export --dispatch` (its format is "
+                         f"not {JSON_FORMAT!r})")
+    families = data.get("families")
+    if not isinstance(families, list):
+        raise TunedError(f"{where}: families must be a list")
+    try:
+        tables = [table_from_json(f, where) for f in families]
+    except TableError as e:
+        raise TunedError(str(e)) from None
+    if len({t.family for t in tables}) != len(tables):
+        raise TunedError(f"{where}: a family appears twice")
+    gpu = data.get("gpu", "")
+    not_covered = data.get("not_covered", [])
+    return TunedConfigs(tables={t.family: t for t in tables}, source=where, gpu=gpu if isinstance(gpu, str) else "",
+                        not_covered=tuple(str(n) for n in not_covered) if isinstance(not_covered, list) else ())
+
+
+# -- sources ----------------------------------------------------------------------------------------
+def load_tuned(source: str | os.PathLike, *, pattern: str | None = None) -> TunedConfigs:
+    """Tuned configs from a dispatch JSON (``.json``), a suite file (``.toml``: its storage's studies of the
+    suite) or a storage URL (its studies matching ``pattern``, default all), chosen as
+    ``flashtune export --dispatch`` chooses them. Raises :class:`TunedError`."""
+    text = os.fspath(source)
+    if text.endswith(".json"):
+        try:
+            _, data = read_content(text, limit_bytes=MAX_JSON_BYTES)
+        except FileContentError as e:
+            raise TunedError(str(e)) from None
+        return parse_tuned_json(data, text)
+    if text.endswith(".toml"):
+        return _from_storage(None, suite_path=text, pattern=pattern)
+    if "://" in text:
+        return _from_storage(text, suite_path=None, pattern=pattern or "*")
+    raise TunedError(f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
+                     "(.toml) or a storage URL")
+
+
+def _from_storage(storage_url: str | None, *, suite_path: str | None, pattern: str | None) -> TunedConfigs:
+    from ..export import collect_dispatch  # deferred: imports Optuna
+
+    try:
+        selection = collect_dispatch(storage_url, pattern=pattern, suite_path=suite_path, log=io.StringIO())
+    except FlashtuneError as e:
+        raise TunedError(str(e)) from None
+    return TunedConfigs(tables={f.space.name: f.table() for f in selection.families},
+                        source=suite_path or selection.masked_url, gpu=selection.gpu,
+                        not_covered=tuple(selection.not_covered))
+
+
+_SERVER_ONCE: dict[str, TunedConfigs] = {}
+_by_token: dict[tuple, TunedConfigs] = {}
+_suite_storage: dict[str, str] = {}  # suite file digest -> storage URL
+
+
+_sqlite_files: dict[str, str | None] = {}  # storage URL -> its SQLite file (None: a database server)
+
+
+def _sqlite_file(url: str) -> str | None:
+    if url not in _sqlite_files:
+        from sqlalchemy.engine import make_url
+
+        try:
+            parsed = make_url(url)
+        except Exception:  # noqa: BLE001 - an unparsable URL is reported when the storage is opened
+            return None
+        database = parsed.database
+        sqlite = parsed.get_backend_name() == "sqlite" and database and database != ":memory:"
+        _sqlite_files[url] = database if sqlite else None
+    return _sqlite_files[url]
+
+
+def _sqlite_signature(url: str) -> tuple | None:
+    """The stat of a SQLite database file (None for a database server): it changes with every write."""
+    database = _sqlite_file(url)
+    if database is None:
+        return None
+    try:
+        info = os.stat(database)
+    except OSError:
+        return ("missing",)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _token(text: str, pattern: str | None) -> tuple:
+    if text.endswith(".json"):
+        try:
+            digest, _ = read_content(text, limit_bytes=MAX_JSON_BYTES)
+        except FileContentError as e:
+            raise TunedError(str(e)) from None
+        return ("json", digest)
+    if text.endswith(".toml"):
+        try:
+            digest, _ = read_content(text)
+        except FileContentError as e:
+            raise TunedError(str(e)) from None
+        if digest not in _suite_storage:
+            from ..study import load_suite, suite_storage
+
+            try:
+                _suite_storage[digest] = suite_storage(load_suite(text), None)
+            except FlashtuneError as e:
+                raise TunedError(str(e)) from None
+        url = _suite_storage[digest]
+        return ("suite", text, digest, url, _sqlite_signature(url))
+    if "://" in text:
+        return ("storage", text, pattern, _sqlite_signature(text))
+    raise TunedError(f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
+                     "(.toml) or a storage URL")
+
+
+def tuned_configs(source: TunedConfigs | str | os.PathLike) -> TunedConfigs:
+    """:func:`load_tuned` with memory: the same object while the source is unchanged (one ``stat`` per call)."""
+    if isinstance(source, TunedConfigs):
+        return source
+    text = os.fspath(source)
+    token = _token(text, None)
+    found = _by_token.get(token)
+    if found is None:
+        if token[0] != "json" and token[-1] is None:  # a database server: read once per process
+            found = _SERVER_ONCE.get(text)
+        if found is None:
+            found = load_tuned(text)
+            if token[0] != "json" and token[-1] is None:
+                _SERVER_ONCE[text] = found
+        if len(_by_token) > 64:
+            _by_token.clear()
+        _by_token[token] = found
+    return found

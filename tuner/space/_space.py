@@ -1,0 +1,554 @@
+"""Knob spaces: the one declaration of a kernel family's knobs, derived values and constraints.
+
+A space file (``search_spaces/<family>.toml``, format in ``search_spaces/README.md``) is
+loaded and checked here; everything else (distributions, ``-D`` flags, feasibility,
+launch geometry, exported headers) is computed from the :class:`Space` it becomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..devices import DeviceLimits
+from ..errors import FlashtuneError
+from ._expr import Expr, ExprError, compile_expr
+from ..paths import KERNEL_SRC, SEARCH_SPACES
+from ..problem import DTYPES, Problem
+from ..text import printable
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Constraint",
+    "Derived",
+    "Family",
+    "Knob",
+    "LaunchGeometry",
+    "Space",
+    "SpaceError",
+    "available_families",
+    "config_key",
+    "load_space",
+]
+
+Config = dict[str, int]
+
+PROBLEM_NAMES = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).env())
+DEVICE_NAMES = frozenset(DeviceLimits(arch=80, smem_per_block_optin=0, num_sms=1).env())
+PROBLEM_MACROS = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).macros())
+
+# every identifier a space file gives is matched whole (re.fullmatch: "$" would accept a trailing newline)
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_MACRO = re.compile(r"FT_[A-Z0-9_]{1,60}")
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ARCH_SUFFIX = re.compile(r"[a-z]{0,2}")
+_SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*")  # relative, no "..", no spaces
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"\n]+)"', re.M)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_MACRO_TOKEN = re.compile(r"\bFT_[A-Z0-9_]+\b")
+
+#: limits of a CUDA launch (CUDA programming guide, "Features and Technical Specifications")
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_THREADS_PER_BLOCK = 1024
+MAX_KNOB_VALUE = 2**31 - 1  # knob values become C ``int``s
+
+
+class SpaceError(FlashtuneError, ValueError):
+    """A space file is malformed or inconsistent. The message names the file and the entry."""
+
+
+class ConfigError(FlashtuneError, ValueError):
+    """A config names an unknown knob, misses one, or has a value the space does not allow."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    macro: str
+    values: tuple[int, ...]
+    default: int
+    help: str
+    head_dim_defaults: tuple[tuple[int, int], ...] = ()  # (head_dim, default) where the plain default does not fit
+    ordered: bool = True  # values are searched as steps in the listed order (block sizes, budgets); False: categories
+
+    def default_for(self, head_dim: int | None = None) -> int:
+        """The default for problems of ``head_dim`` (None: the plain default)."""
+        return dict(self.head_dim_defaults).get(head_dim, self.default)
+
+
+@dataclass(frozen=True)
+class Derived:
+    name: str
+    expr: Expr
+    macro: str | None
+    help: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    expr: Expr
+    message: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    source: str
+    config_header: str
+    entry: str
+    abi: str
+    min_arch: int
+    arch_suffix: str
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    grid: tuple[int, int, int]
+    threads: int
+    smem_bytes: int
+    abi: dict[str, int] = field(default_factory=dict)  # values the family's argument builder reads ([launch.abi])
+
+
+@dataclass(frozen=True)
+class Space:
+    family: Family
+    knobs: tuple[Knob, ...]
+    derived: tuple[Derived, ...]
+    constraints: tuple[Constraint, ...]
+    launch_threads: Expr
+    launch_smem_bytes: Expr
+    launch_grid: tuple[Expr, Expr, Expr]
+    path: Path
+    launch_abi: tuple[tuple[str, Expr], ...] = ()
+    _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_name.update({k.name: k for k in self.knobs})
+
+    # -- the knobs -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.family.name
+
+    def knob(self, name: str) -> Knob:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(f"{self.name}: unknown knob {name!r}; knobs are {', '.join(self._by_name)}") from None
+
+    def defaults(self, head_dim: int | None = None) -> Config:
+        """The default config; for ``head_dim``, with the space file's ``default_by_head_dim`` applied."""
+        return {k.name: k.default_for(head_dim) for k in self.knobs}
+
+    def size(self) -> int:
+        """Number of points in the full grid (before constraints)."""
+        n = 1
+        for k in self.knobs:
+            n *= len(k.values)
+        return n
+
+    def validate(self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None) -> Config:
+        """Return ``config`` as a canonical dict in knob order, or raise :class:`ConfigError`.
+
+        Values read from a database or a command line pass through here before they reach
+        C source or a compiler flag. With ``partial`` missing knobs take their defaults (those
+        for ``head_dim`` when given).
+        """
+        unknown = sorted(set(config) - set(self._by_name))
+        if unknown:
+            raise ConfigError(f"{self.name}: unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(self._by_name)}")
+        out: Config = {}
+        for k in self.knobs:
+            if k.name not in config:
+                if not partial:
+                    raise ConfigError(f"{self.name}: config has no value for knob {k.name!r}")
+                out[k.name] = k.default_for(head_dim)
+                continue
+            value = config[k.name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                raise ConfigError(f"{self.name}: knob {k.name} must be an integer, got {value!r}")
+            if int(value) not in k.values:
+                raise ConfigError(f"{self.name}: knob {k.name}={value!r} is not one of {list(k.values)}")
+            out[k.name] = int(value)
+        return out
+
+    # -- evaluation ------------------------------------------------------------------------
+    def supports(self, problem: Problem) -> str | None:
+        """Why this family cannot run ``problem`` at all, or None."""
+        if problem.head_dim not in self.family.head_dims:
+            return f"{self.name} supports head dims {list(self.family.head_dims)}, not {problem.head_dim}"
+        if problem.dtype not in self.family.dtypes:
+            return f"{self.name} supports dtypes {list(self.family.dtypes)}, not {problem.dtype}"
+        return None
+
+    def environment(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Knobs, problem, device and every derived value, as one name -> int mapping."""
+        env: dict[str, int] = {**device.env(), **problem.env(), **self.validate(config)}
+        for d in self.derived:
+            env[d.name] = int(d.expr(env))
+        return env
+
+    def runs_on(self, arch: int) -> str | None:
+        """Why this family cannot run on a device of compute capability ``arch`` (x10), or None.
+
+        A family built with an arch suffix (``90a``: wgmma, setmaxnreg) runs on that arch only.
+        """
+        if self.family.arch_suffix and arch != self.family.min_arch:
+            return (f"{self.name} is built for sm_{self.family.min_arch}{self.family.arch_suffix} only "
+                    f"(arch-specific instructions); the device is sm_{arch}")
+        if arch < self.family.min_arch:
+            return f"{self.name} needs sm_{self.family.min_arch} or newer, the device is sm_{arch}"
+        return None
+
+    def violations(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> list[str]:
+        """Every reason ``config`` cannot run ``problem`` on ``device`` (empty when feasible)."""
+        unsupported = self.supports(problem)
+        if unsupported:
+            return [unsupported]
+        wrong_arch = self.runs_on(device.arch)
+        if wrong_arch:
+            return [wrong_arch]
+        try:
+            env = self.environment(config, problem, device)
+            reasons = [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
+            if reasons:
+                return reasons
+            return _launch_violations(self.launch(config, problem, device))
+        except ExprError as e:  # e.g. a value beyond 64 bits for this problem: the config cannot be built
+            return [f"cannot evaluate the {self.name} space for this config and problem: {e}"]
+
+    def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
+        """The first reason ``config`` is infeasible, or None."""
+        reasons = self.violations(config, problem, device)
+        return "; ".join(reasons) if reasons else None
+
+    def macros(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Every ``-D`` macro for this config: problem, knobs, then derived values that name one."""
+        env = self.environment(config, problem, device)
+        out = dict(problem.macros())
+        out.update({k.macro: env[k.name] for k in self.knobs})
+        out.update({d.macro: env[d.name] for d in self.derived if d.macro})
+        return out
+
+    def launch(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> LaunchGeometry:
+        env = self.environment(config, problem, device)
+        grid = tuple(int(g(env)) for g in self.launch_grid)
+        return LaunchGeometry(
+            grid=grid,  # type: ignore[arg-type]
+            threads=int(self.launch_threads(env)),
+            smem_bytes=int(self.launch_smem_bytes(env)),
+            abi={name: int(expr(env)) for name, expr in self.launch_abi},
+        )
+
+    def arch_string(self, arch: int) -> str:
+        """The nvcc arch (``80``, ``90a``) this family is built for on a device of ``arch``."""
+        return f"{arch}{self.family.arch_suffix}"
+
+    @property
+    def source_path(self) -> Path:
+        return KERNEL_SRC / self.family.source
+
+
+def _launch_violations(geometry: LaunchGeometry) -> list[str]:
+    """Why a launch of ``geometry`` is impossible on any CUDA device (grid and block limits), or nothing."""
+    reasons = []
+    for axis, size, limit in zip("xyz", geometry.grid, MAX_GRID):
+        if not 1 <= size <= limit:
+            reasons.append(f"launch_grid: grid.{axis} = {size} is outside CUDA's limit of 1..{limit} blocks")
+    if not 1 <= geometry.threads <= MAX_THREADS_PER_BLOCK:
+        reasons.append(f"launch_threads: {geometry.threads} threads per block, CUDA allows 1..{MAX_THREADS_PER_BLOCK}")
+    if geometry.smem_bytes < 0:
+        reasons.append(f"launch_smem: {geometry.smem_bytes} B of shared memory")
+    return reasons
+
+
+def config_key(config: Mapping[str, int]) -> str:
+    """A short stable hash of a config, for caches and de-duplication."""
+    text = json.dumps(dict(sorted(config.items())), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- loading -------------------------------------------------------------------------------
+def available_families() -> list[str]:
+    return sorted(p.stem for p in SEARCH_SPACES.glob("*.toml"))
+
+
+def load_space(name_or_path: str | Path) -> Space:
+    """Load a family by name (``sm80``) or a space file by path (``*.toml``), checking it thoroughly."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        name = str(name_or_path)
+        path = SEARCH_SPACES / f"{name}.toml"
+        if not _NAME.fullmatch(name) or not path.is_file():
+            raise SpaceError(f"unknown kernel family {printable(name, 80)!r}; available: "
+                             f"{', '.join(available_families()) or 'none'} (or give a space file's path, *.toml)")
+    shown = printable(path, 200)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpaceError(f"{shown}: no such space file") from None
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{shown}: not UTF-8 text (byte {e.start}); save the space file as UTF-8") from None
+    except OSError as e:
+        raise SpaceError(f"{shown}: cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpaceError(f"{shown}: not valid TOML: {e}") from None
+    try:
+        return _parse(data, path)
+    except (ExprError, KeyError, TypeError, ValueError) as e:
+        if isinstance(e, SpaceError):
+            raise
+        raise SpaceError(f"{shown}: {e}") from None
+
+
+def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str) -> tuple[tuple[int, int], ...]:
+    """``default_by_head_dim = { 256 = 80 }``: head dims of the family -> a default among the values."""
+    if not isinstance(table, dict):
+        raise SpaceError(f"{where}: default_by_head_dim must be a table such as {{ 256 = 80 }}")
+    out = []
+    for key, value in table.items():
+        if not re.fullmatch(r"[0-9]{1,5}", key) or int(key) not in family.head_dims:
+            raise SpaceError(f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
+                             f"{list(family.head_dims)}")
+        if isinstance(value, bool) or value not in values:
+            raise SpaceError(f"{where}: default_by_head_dim {key} = {value!r} is not one of the values {values}")
+        out.append((int(key), int(value)))
+    return tuple(sorted(out))
+
+
+def _table(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
+    value = data.get(key, None)
+    if value is None:
+        if required:
+            raise SpaceError(f"{where}: missing [{key}]")
+        return {}
+    if not isinstance(value, dict):
+        raise SpaceError(f"{where}: [{key}] must be a table")
+    return value
+
+
+def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: set[str] = frozenset()) -> None:
+    if not isinstance(entry, Mapping):
+        raise SpaceError(f"{where}: must be a table, got {entry!r}")
+    missing = required - set(entry)
+    if missing:
+        raise SpaceError(f"{where}: missing {', '.join(sorted(missing))}")
+    unknown = set(entry) - required - set(optional)
+    if unknown:
+        raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+
+
+def _parse(data: Mapping[str, Any], path: Path) -> Space:
+    where = str(path)
+    _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints"})
+
+    fam = _table(data, "family", where)
+    _keys(fam, f"{where} [family]", {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
+          {"description", "arch_suffix"})
+    if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]):
+        raise SpaceError(f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
+                         "namespaces and study names)")
+    if fam["name"] != path.stem:
+        raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
+    for key in ("source", "config_header"):
+        _check_source(fam[key], f"{where}: [family] {key}")
+    for key, pattern, what in (("entry", _C_IDENT, "a C identifier"), ("abi", _NAME, "lower_snake_case"),
+                               ("arch_suffix", _ARCH_SUFFIX, "empty or up to two lower-case letters, e.g. \"a\"")):
+        value = fam.get(key, "")
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise SpaceError(f"{where}: [family] {key} {value!r:.80} must be {what}")
+    if not isinstance(fam.get("description", ""), str):
+        raise SpaceError(f"{where}: [family] description must be a string")
+    min_arch = fam["min_arch"]
+    if isinstance(min_arch, bool) or not isinstance(min_arch, int) or not 10 <= min_arch <= 1000:
+        raise SpaceError(f"{where}: [family] min_arch must be a compute capability times ten (80, 90), "
+                         f"got {min_arch!r:.40}")
+    dtypes = fam["dtypes"]
+    if (not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes)
+            or set(dtypes) - set(DTYPES)):
+        raise SpaceError(f"{where}: [family] dtypes must be a non-empty subset of {sorted(DTYPES)}")
+    head_dims = fam["head_dims"]
+    if (not isinstance(head_dims, list) or not head_dims
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)):
+        raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers (up to 1024)")
+    family = Family(
+        name=fam["name"], description=fam.get("description", ""), source=fam["source"],
+        config_header=fam["config_header"], entry=fam["entry"], abi=fam["abi"], min_arch=int(fam["min_arch"]),
+        arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(head_dims), dtypes=tuple(dtypes),
+    )
+
+    knobs: list[Knob] = []
+    macros: set[str] = set(PROBLEM_MACROS)
+    known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)
+    knob_tables = _table(data, "knobs", where)
+    if not knob_tables:
+        raise SpaceError(f"{where}: [knobs] declares no knob")
+    for name, entry in knob_tables.items():
+        kw = f"{where} [knobs.{name}]"
+        _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "ordered"})
+        _check_name(name, kw, known)
+        _check_macro(entry["macro"], kw, macros)
+        values = entry["values"]
+        if not isinstance(values, list) or not values:
+            raise SpaceError(f"{kw}: values must be a non-empty list")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values!r:.200}")
+        if not all(abs(v) <= MAX_KNOB_VALUE for v in values):
+            raise SpaceError(f"{kw}: values must fit a C int (at most {MAX_KNOB_VALUE} in size)")
+        if len(set(values)) != len(values):
+            raise SpaceError(f"{kw}: values repeat: {values}")
+        if isinstance(entry["default"], bool) or entry["default"] not in values:
+            raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
+        if not isinstance(entry["help"], str):
+            raise SpaceError(f"{kw}: help must be a string")
+        by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
+        ordered = entry.get("ordered", True)
+        if not isinstance(ordered, bool):
+            raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
+        knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
+                          by_head_dim, ordered))
+        known.add(name)
+
+    derived: list[Derived] = []
+    for name, entry in _table(data, "derived", where, required=False).items():
+        kw = f"{where} [derived.{name}]"
+        _keys(entry, kw, {"expr"}, {"macro", "help"})
+        _check_name(name, kw, known)
+        if "macro" in entry:
+            _check_macro(entry["macro"], kw, macros)
+        if not isinstance(entry.get("help", ""), str):
+            raise SpaceError(f"{kw}: help must be a string")
+        expr = _expr(entry["expr"], kw, known)
+        derived.append(Derived(name, expr, entry.get("macro"), entry.get("help", "")))
+        known.add(name)
+
+    constraints: list[Constraint] = []
+    for name, entry in _table(data, "constraints", where, required=False).items():
+        kw = f"{where} [constraints.{name}]"
+        _keys(entry, kw, {"expr", "message"})
+        if not _NAME.fullmatch(name):
+            raise SpaceError(f"{kw}: name must be lower_snake_case")
+        expr = _expr(entry["expr"], kw, known)
+        _check_message(entry["message"], kw, known)
+        constraints.append(Constraint(name, expr, entry["message"]))
+
+    launch = _table(data, "launch", where)
+    kw = f"{where} [launch]"
+    _keys(launch, kw, {"threads", "smem_bytes", "grid"}, {"abi"})
+    if not isinstance(launch["grid"], list) or len(launch["grid"]) != 3:
+        raise SpaceError(f"{kw}: grid must be a list of three expressions")
+    grid = tuple(_expr(str(g), kw, known) for g in launch["grid"])
+    abi = launch.get("abi", {})
+    if not isinstance(abi, dict):
+        raise SpaceError(f"{kw}: abi must be a table of name = expression")
+    for name in abi:
+        if not _NAME.fullmatch(name):
+            raise SpaceError(f"{where} [launch.abi]: {name!r} must be lower_snake_case")
+    launch_abi = tuple((name, _expr(str(e), f"{where} [launch.abi] {name}", known)) for name, e in abi.items())
+    _check_macros_are_read(family, [(f"[knobs.{k.name}]", k.macro) for k in knobs]
+                           + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro], where)
+    return Space(
+        family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
+        launch_threads=_expr(str(launch["threads"]), kw, known),
+        launch_smem_bytes=_expr(str(launch["smem_bytes"]), kw, known),
+        launch_grid=grid,  # type: ignore[arg-type]
+        path=path,
+        launch_abi=launch_abi,
+    )
+
+
+def _check_name(name: str, where: str, known: set[str]) -> None:
+    if not _NAME.fullmatch(name):
+        raise SpaceError(f"{where}: name must be lower_snake_case")
+    if name in known:
+        raise SpaceError(f"{where}: name {name!r} is already used by a knob, derived value, problem or device field")
+
+
+def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
+    if not isinstance(macro, str) or not _MACRO.fullmatch(macro):
+        raise SpaceError(f"{where}: macro {macro!r:.80} must look like FT_UPPER_CASE")
+    if macro in macros:
+        raise SpaceError(f"{where}: macro {macro} is used twice")
+    macros.add(macro)
+
+
+def _check_source(value: Any, where: str) -> None:
+    """A kernel source path: relative, inside kernel_src/ (no "..", no link out of it), an existing file."""
+    if not isinstance(value, str) or not _SOURCE.fullmatch(value) or ".." in value.split("/"):
+        raise SpaceError(f"{where} {value!r:.120} must be a relative path inside kernel_src/ (letters, digits, "
+                         "_ . - and /; no '..')")
+    path = (KERNEL_SRC / value).resolve()
+    if not path.is_relative_to(KERNEL_SRC.resolve()) or not path.is_file():
+        raise SpaceError(f"{where} {value!r} is not a file under {KERNEL_SRC}")
+
+
+def _kernel_text(family: Family) -> str:
+    """The family's source and config header with every file they include from kernel_src/, comments removed."""
+    root = KERNEL_SRC.resolve()
+    pending = [root / family.source, root / family.config_header]
+    seen: set[Path] = set()
+    texts = []
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            text = _COMMENT.sub(" ", path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        texts.append(text)
+        for include in _INCLUDE.findall(text):
+            for base in (root, path.parent):
+                candidate = (base / include).resolve()
+                if candidate.is_relative_to(root) and candidate.is_file():
+                    pending.append(candidate)
+                    break
+    return "\n".join(texts)
+
+
+def _check_macros_are_read(family: Family, declared: list[tuple[str, str]], where: str) -> None:
+    """Every knob and derived macro must be read by the family's kernel: a macro it never reads would make a
+    study tune a knob that does nothing."""
+    read = set(_MACRO_TOKEN.findall(_kernel_text(family)))
+    for entry, macro in declared:
+        if macro not in read:
+            raise SpaceError(f"{where} {entry}: macro {macro} is never read by the {family.name} kernel "
+                             f"(kernel_src/{family.source} and what it includes); use the name "
+                             f"kernel_src/{family.config_header} reads, or add it there")
+
+
+def _expr(text: Any, where: str, known: set[str]) -> Expr:
+    try:
+        expr = compile_expr(text)
+    except ExprError as e:
+        raise SpaceError(f"{where}: {e}") from None
+    missing = sorted(expr.names - known)
+    if missing:
+        raise SpaceError(f"{where}: {text!r} uses unknown name(s) {', '.join(missing)} "
+                         "(knobs and derived values must be declared before use)")
+    return expr
+
+
+def _check_message(message: Any, where: str, known: set[str]) -> None:
+    if not isinstance(message, str) or not message:
+        raise SpaceError(f"{where}: message must be a non-empty string")
+    fields = set(re.findall(r"{(\w+)", message))
+    if fields - known:
+        raise SpaceError(f"{where}: message uses unknown name(s) {', '.join(sorted(fields - known))}")
+    try:  # the values are integers: a field like {} or {x:q} would only fail once a config violates it
+        message.format(**{name: 0 for name in known})
+    except (IndexError, KeyError, ValueError) as e:
+        raise SpaceError(f"{where}: message {message!r} is not a valid format string for integer values ({e}); "
+                         "write names as {name}") from None

@@ -1,0 +1,495 @@
+"""Optuna studies for flashtune: naming, the metadata a study carries, resuming safely, reading results.
+
+Study user attributes (set once, at creation; ``flashtune`` last, so a study that has it is complete):
+    ``family``     kernel family name
+    ``problem``    :class:`~tuner.problem.Problem` as a dict
+    ``gpu``        what the GPU worker reported (name, arch, driver, clocks, ...)
+    ``space_digest`` hash of the space file's knob declarations
+    ``flashtune``  {"version", "schema"}          the tuner that created the study
+Later:
+    ``run``        how the study is tuned (sampler, seed, trial target)
+    ``winner``     the re-timed best config (see :mod:`tuner.retime`)
+
+They are read in one place, :meth:`StudyMeta.read`; whether a study may serve a config (made by
+flashtune, still valid for today's space file, a successful trial) is decided in one place,
+:func:`choose`. Trial user attributes are named by the constants below; a trial's outcome is a
+:class:`TrialStatus`.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .._version import __version__
+from ..devices import DeviceLimits
+from ..errors import FlashtuneError
+from ..problem import Problem, ProblemError
+from ..space import Config, ConfigError, Space, SpaceError, config_key, load_space
+from ..text import printable
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ChosenConfig",
+    "NotFlashtuneError",
+    "StaleSpaceError",
+    "StudyError",
+    "StudyInfo",
+    "StudyMeta",
+    "TrialStatus",
+    "choose",
+    "default_study_name",
+    "describe",
+    "is_evaluated",
+    "load_flashtune_study",
+    "open_study",
+    "space_digest",
+    "study_problem",
+    "winner",
+]
+
+SCHEMA_VERSION = 1
+
+# study user attributes
+MADE_BY = "flashtune"
+FAMILY = "family"
+PROBLEM = "problem"
+GPU = "gpu"
+SPACE_DIGEST = "space_digest"
+RUN = "run"
+WINNER = "winner"
+
+# trial user attributes
+STATUS = "status"  # a TrialStatus
+REASON = "reason"  # one line for people
+IS_DEFAULT = "is_default"
+CONFIG_KEY = "config_key"
+RESOURCES = "resources"  # ptxas: registers, spills, stack, static smem
+MEASUREMENT = "measurement"  # latency_ms, spread, reps, tflops, rel_error, lse_error
+COMPILE = "compile"  # seconds, cached, arch
+DUPLICATE_OF = "duplicate_of"
+EXPLORATION = "exploration"  # drawn at random by the tuner because the search had no config to offer
+
+WARM_START = "warm_start"  # trial: the study whose winner it was enqueued from; study: those studies (once)
+
+# study user attributes written by each tuning run: ``throughput:<host>:<pid>:<start>`` -> tuner.tune.RunStats
+THROUGHPUT_PREFIX = "throughput:"
+
+_FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# how long a racing tuner waits for the creator to finish writing a new study's attributes: while it has some
+# of them (flashtune's creation is under way), and while it has none at all (it may have just begun)
+_META_WAIT_S = 15.0
+_EMPTY_WAIT_S = 2.0
+
+
+class TrialStatus(enum.StrEnum):
+    """What became of a trial, stored as its ``status`` user attribute (the strings are the stored values)."""
+
+    OK = "ok"
+    INFEASIBLE = "infeasible"  # refused by the space's static check: never compiled, not counted
+    COMPILE_ERROR = "compile_error"
+    COMPILE_TIMEOUT = "compile_timeout"
+    WRONG_RESULT = "wrong_result"  # tuner.jobs.Status from here ...
+    LAUNCH_ERROR = "launch_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"  # ... to here
+    INTERRUPTED = "interrupted"  # the tuner stopped before the trial finished (FAIL; its config enqueued again)
+    ORPHANED = "orphaned"  # its tuner died while asking for its parameters (FAIL)
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> TrialStatus | None:
+        """The trial's status; None when it has none (still running, or not a flashtune trial) or an unknown one."""
+        try:
+            return cls(trial.user_attrs.get(STATUS))
+        except ValueError:
+            return None
+
+    @property
+    def evaluated(self) -> bool:
+        """Past the static check: the trial was compiled (and measured), so it counts against the budget."""
+        return self is not TrialStatus.INFEASIBLE
+
+
+#: statuses of trials that were refused or failed (every status but ok, interrupted and orphaned)
+INFEASIBLE_STATUSES = tuple(s.value for s in TrialStatus
+                            if s not in (TrialStatus.OK, TrialStatus.INTERRUPTED, TrialStatus.ORPHANED))
+
+
+def is_evaluated(trial: FrozenTrial) -> bool:
+    """Whether a trial counts against the budget: finished (COMPLETE or PRUNED) with a status other than
+    infeasible (a status this version does not know counts too), and not a duplicate proposal."""
+    status = trial.user_attrs.get(STATUS)
+    return (trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and status is not None
+            and status != TrialStatus.INFEASIBLE and DUPLICATE_OF not in trial.user_attrs)
+
+
+class StudyError(FlashtuneError, RuntimeError, ValueError):
+    """A study cannot be created, resumed or used as asked (not flashtune's, wrong family, problem or GPU,
+    stale knobs, malformed attributes, no successful trial)."""
+
+
+class NotFlashtuneError(StudyError):
+    """The study was not made by flashtune (a plain Optuna study in the same storage)."""
+
+
+class StaleSpaceError(StudyError):
+    """The study was made for other knobs than today's space file declares."""
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyMeta:
+    """What a flashtune study stores about itself, read and checked once (:meth:`read`)."""
+
+    name: str
+    version: str  # flashtune version that created the study
+    schema: int
+    family: str
+    problem: Problem
+    gpu: Mapping[str, Any]
+    space_digest: str | None
+    run: Mapping[str, Any] = field(default_factory=dict)
+    winner: Mapping[str, Any] | None = None  # as stored (see :func:`winner` for the one to serve)
+
+    @classmethod
+    def read(cls, study: optuna.Study | optuna.study.StudySummary) -> StudyMeta:
+        return cls.from_attrs(study.study_name, study.user_attrs)
+
+    @classmethod
+    def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> StudyMeta:
+        """Raises :class:`NotFlashtuneError` for a study flashtune did not make, :class:`StudyError` for a
+        flashtune study of another schema or with malformed attributes."""
+        shown = printable(name, 120)
+        made_by = attrs.get(MADE_BY)
+        if not isinstance(made_by, dict):
+            raise NotFlashtuneError(f"study {shown!r} was not created by flashtune; choose another --study name")
+        schema = made_by.get("schema", 0)
+        version = printable(made_by.get("version", "?"), 40)
+        if isinstance(schema, bool) or not isinstance(schema, int):
+            raise StudyError(f"study {shown!r} stores a malformed flashtune schema ({schema!r:.40})")
+        if schema > SCHEMA_VERSION:
+            raise StudyError(f"study {shown!r} was written by flashtune {version} (schema {schema}); this is "
+                             f"{__version__} (schema {SCHEMA_VERSION}): upgrade flashtune")
+        if schema < SCHEMA_VERSION:
+            raise StudyError(f"study {shown!r} was written by an older flashtune ({version}); start a new study "
+                             "(another --study name) to tune with this version")
+        family = attrs.get(FAMILY)
+        if not isinstance(family, str) or not _FAMILY_NAME.fullmatch(family):
+            raise StudyError(f"study {shown!r} stores no valid kernel family ({printable(repr(family), 60)})")
+        try:
+            problem = Problem.from_dict(dict(attrs.get(PROBLEM) or {}))
+        except (TypeError, ValueError, ProblemError) as e:
+            raise StudyError(f"study {shown!r} stores a malformed problem: {printable(e, 160)}") from None
+        gpu = attrs.get(GPU)  # checked where it is used: device() and check_resumable()
+        digest = attrs.get(SPACE_DIGEST)
+        run = attrs.get(RUN)
+        stored_winner = attrs.get(WINNER)
+        return cls(name=name, version=version, schema=schema, family=family, problem=problem,
+                   gpu=dict(gpu) if isinstance(gpu, dict) else {},
+                   space_digest=digest if isinstance(digest, str) else None,
+                   run=dict(run) if isinstance(run, dict) else {},
+                   winner=dict(stored_winner) if isinstance(stored_winner, dict) else None)
+
+    @property
+    def gpu_name(self) -> str:
+        return str(self.gpu.get("name", "?"))
+
+    def device(self) -> DeviceLimits:
+        """The stored GPU's limits, or :class:`StudyError`."""
+        try:
+            return DeviceLimits.from_info(dict(self.gpu))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StudyError(f"study {printable(self.name, 120)!r} stores malformed GPU information: {e!r:.120}"
+                             ) from None
+
+    def space(self) -> Space:
+        """Today's space file of the study's family, if the study was made for these very knobs; else
+        :class:`StudyError` (its stored configs may not fit)."""
+        shown = printable(self.name, 120)
+        try:
+            space = load_space(self.family)
+        except SpaceError as e:
+            raise StudyError(f"study {shown!r} tunes family {self.family!r}, which cannot be loaded: {e}") from None
+        if self.space_digest != space_digest(space):
+            raise StaleSpaceError(f"study {shown!r} was tuned for other {self.family} knobs (space digest "
+                             f"{printable(self.space_digest, 16)!r}, today {space_digest(space)!r}): its stored "
+                             f"values may not fit search_spaces/{self.family}.toml; re-tune with a new study")
+        return space
+
+    def check_resumable(self, space: Space, problem: Problem, gpu: Mapping[str, Any]) -> None:
+        """Refuse to resume this study for another family, problem, GPU model or knob space."""
+        shown = printable(self.name, 120)
+        if self.family != space.name:
+            raise StudyError(f"study {shown!r} tunes family {self.family!r}, not {space.name!r}")
+        if self.problem != problem:
+            raise StudyError(f"study {shown!r} tunes problem {self.problem.to_dict()}, not {problem.to_dict()}")
+        if self.gpu.get("name") != gpu.get("name"):
+            raise StudyError(f"study {shown!r} was measured on {printable(repr(self.gpu.get('name')), 60)}; timings "
+                             f"on {printable(repr(gpu.get('name')), 60)} do not compare: use another --study name")
+        if self.space_digest != space_digest(space):
+            raise StudyError(f"the knobs of {space.name} changed since study {shown!r} was created; "
+                             "its stored configs no longer match: start a new study (another --study name; "
+                             "with --suite, another --storage)")
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """One line of ``flashtune studies``."""
+
+    name: str
+    family: str
+    problem: str
+    gpu: str
+    trials: int
+    complete: int
+    best_tflops: float | None
+    winner_tflops: float | None
+
+
+def space_digest(space: Space) -> str:
+    """Hash of the knob declarations: a study's stored params only make sense for this space."""
+    text = json.dumps([(k.name, k.macro, list(k.values)) for k in space.knobs])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def default_study_name(space: Space, arch: int, gpu_name: str, problem: Problem) -> str:
+    """``<family>-sm<arch>-<gpu>-<problem slug>``, e.g. ``sm80-sm90-nvidia-h200-fp16-d128-full-b8-h16-n2048``."""
+    return f"{space.name}-sm{arch}-{_slug(gpu_name)}-{problem.slug()}"
+
+
+# -- creating and resuming -----------------------------------------------------------------
+def _study_id(storage: optuna.storages.BaseStorage, name: str) -> int | None:
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+
+
+def _stored_meta(storage: optuna.storages.BaseStorage, name: str, study_id: int) -> StudyMeta:
+    """The study's metadata; while another process is still writing a new study's attributes (it has
+    none of ``flashtune`` yet and no finished trial), wait for it to finish."""
+    start = time.monotonic()
+    while True:
+        attrs = storage.get_study_user_attrs(study_id)
+        try:
+            return StudyMeta.from_attrs(name, attrs)
+        except NotFlashtuneError:
+            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST}
+            patience = _META_WAIT_S if partial else _EMPTY_WAIT_S if not attrs else 0.0
+            if time.monotonic() - start > patience or any(
+                    t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)):
+                raise
+        time.sleep(0.1)
+
+
+def open_study(*, storage: optuna.storages.BaseStorage | str, name: str, space: Space, problem: Problem,
+               gpu: dict[str, Any], sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create the study, or resume it after checking it was made for the same family, problem, GPU and space.
+
+    A new study gets the family's default config enqueued as its first trial. Several processes may
+    call this at once for the same new study: one creates it, the others load it once it is complete.
+    """
+    if isinstance(storage, str):
+        storage = optuna.storages.get_storage(storage)
+    for _ in range(5):
+        study_id = _study_id(storage, name)
+        if study_id is None:
+            try:
+                study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize")
+            except optuna.exceptions.DuplicatedStudyError:
+                continue  # another process created it first: load theirs
+            study.set_user_attr(FAMILY, space.name)
+            study.set_user_attr(PROBLEM, problem.to_dict())
+            study.set_user_attr(GPU, gpu)
+            study.set_user_attr(SPACE_DIGEST, space_digest(space))
+            study.enqueue_trial(space.defaults(problem.head_dim), user_attrs={IS_DEFAULT: True})
+            study.set_user_attr(MADE_BY, {"version": __version__, "schema": SCHEMA_VERSION})  # last: complete
+            return study
+        _stored_meta(storage, name, study_id).check_resumable(space, problem, gpu)
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    raise StudyError(f"study {printable(name, 120)!r} was created and deleted repeatedly while opening it; rerun")
+
+
+def study_problem(study: optuna.Study) -> Problem:
+    return StudyMeta.read(study).problem
+
+
+# -- results ---------------------------------------------------------------------------------
+def winner(study: optuna.Study) -> dict[str, Any] | None:
+    """The re-timed winner, else the best measured trial, as a plain dict.
+
+    A trial that was not COMPLETE when the winner was re-timed (``seen_trials`` of the stored
+    winner) and measured faster than the winner re-timed makes the winner stale: then the best
+    trial is returned, with ``source`` saying so (re-timing again settles it).
+    """
+    stored = study.user_attrs.get(WINNER)
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if stored and not isinstance(stored, dict):
+        return dict(stored, source="retimed")  # malformed: raises, and the caller says so
+    seen = set(stored.get("seen_trials", ())) if stored else set()
+    newer = [t for t in complete if stored and "seen_trials" in stored and t.number not in seen
+             and DUPLICATE_OF not in t.user_attrs]  # a repeat only copies an older trial's figure
+    if stored and not any(t.value > stored.get("tflops", 0.0) for t in newer):
+        return dict(stored, source="retimed")
+    if not complete:
+        return None
+    best = max(complete, key=lambda t: t.value)
+    source = "best trial" if not stored else f"best trial (newer than the winner re-timed at trial {stored['trial']})"
+    measurement = best.user_attrs.get(MEASUREMENT)
+    return {"config": dict(best.params), "tflops": best.value, "trial": best.number, "source": source,
+            "latency_ms": measurement.get("latency_ms") if isinstance(measurement, dict) else None}
+
+
+def default_trial(study: optuna.Study) -> FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get(IS_DEFAULT):
+            return t
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChosenConfig:
+    """A study's chosen config, re-validated against the current space; everything a header needs."""
+
+    study_name: str
+    space: Space
+    config: Config
+    problem: Problem
+    device: DeviceLimits
+    gpu_name: str
+    macros: dict[str, int]
+    tflops: float | None
+    speedup_over_default: float | None
+    source: str  # "retimed" or "best trial"
+    trial: int | None
+    measured_on: str | None  # date the winner was re-timed, when it was
+    made_by: str  # flashtune version that created the study
+    latency_ms: float | None = None
+
+    @property
+    def family(self) -> str:
+        return self.space.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (no NaN or infinity)."""
+        return {"study": self.study_name, "family": self.family, "source": self.source, "trial": self.trial,
+                "tflops": self.tflops, "latency_ms": self.latency_ms,
+                "speedup_over_default": self.speedup_over_default, "config": dict(self.config),
+                "problem": self.problem.to_dict(), "gpu": self.gpu_name, "date": self.measured_on}
+
+
+def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storage_url: str) -> optuna.Study:
+    """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's."""
+    from ._storage import mask_url
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise StudyError(f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; "
+                         "`flashtune studies` lists them") from None
+    StudyMeta.read(study)
+    return study
+
+
+def choose(study: optuna.Study) -> ChosenConfig:
+    """The re-timed winner (or the best trial) of ``study``, checked against today's space file: the one
+    check of "made by flashtune and still valid" that ``best``, ``export``, ``bench`` and dispatch share.
+
+    Raises :class:`StudyError` when the study is not flashtune's, has no successful trial, was made for
+    a space whose knobs have changed, stores malformed attributes or values the space no longer allows.
+    """
+    meta = StudyMeta.read(study)
+    name = printable(meta.name, 120)
+    space = meta.space()
+    device = meta.device()
+    try:
+        best = winner(study)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise StudyError(f"study {name!r} stores a malformed winner: {e!r:.120}") from None
+    if best is None:
+        raise StudyError(f"study {name!r} has no successful trial yet: run `flashtune tune` (or `flashtune worker "
+                         "--study`) until a config measures")
+    stored_config = best.get("config")
+    if not isinstance(stored_config, Mapping):
+        raise StudyError(f"study {name!r} stores a malformed best config: {printable(repr(stored_config), 120)}")
+    try:
+        config = space.validate(stored_config)
+    except ConfigError as e:
+        raise StudyError(f"the best config of study {name!r} no longer fits the {meta.family} space: "
+                         f"{printable(e, 200)}; re-tune with a new study") from None
+    reason = space.check(config, meta.problem, device)
+    if reason:
+        raise StudyError(f"the best config of study {name!r} is infeasible under today's {meta.family} space: "
+                         f"{reason}")
+    tflops = _finite(best.get("tflops"))
+    speedup = _finite(best.get("speedup_over_default"))
+    if speedup is None and tflops is not None:
+        default = default_trial(study)
+        default_tflops = _finite(default.value) if default is not None else None
+        speedup = tflops / default_tflops if default_tflops else None
+    trial = best.get("trial")
+    return ChosenConfig(
+        study_name=meta.name, space=space, config=config, problem=meta.problem, device=device,
+        gpu_name=meta.gpu_name, macros=space.macros(config, meta.problem, device),
+        tflops=tflops, speedup_over_default=speedup, source=str(best.get("source", "?")),
+        trial=trial if isinstance(trial, int) and not isinstance(trial, bool) else None,
+        measured_on=str(best["date"]) if best.get("date") else None, made_by=meta.version,
+        latency_ms=_finite(best.get("latency_ms")),
+    )
+
+
+def describe(storage: optuna.storages.BaseStorage) -> list[StudyInfo]:
+    """Every flashtune study in ``storage`` with its best figures (others are skipped; one with malformed
+    attributes is listed with ``?`` where they cannot be read, and never hides the others)."""
+    rows = []
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        try:
+            meta: StudyMeta | None = StudyMeta.read(s)
+        except NotFlashtuneError:
+            continue
+        except StudyError:
+            meta = None
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        values = [v for v in (_finite(t.value) for t in complete) if v is not None]
+        stored_winner = meta.winner if meta else None
+        rows.append(StudyInfo(
+            name=s.study_name, family=meta.family if meta else str(s.user_attrs.get(FAMILY, "?")),
+            problem=meta.problem.slug() if meta else "?", gpu=meta.gpu_name if meta else "?",
+            trials=s.n_trials, complete=len(complete), best_tflops=max(values) if values else None,
+            winner_tflops=_finite(stored_winner.get("tflops")) if stored_winner else None,
+        ))
+    return rows
+
+
+def finished_by_config(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> dict[str, FrozenTrial]:
+    """Finished trials keyed by config hash (the first one of each config wins)."""
+    out: dict[str, FrozenTrial] = {}
+    if trials is None:
+        trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            continue
+        if t.params and t.user_attrs.get(DUPLICATE_OF) is None:
+            out.setdefault(config_key(t.params), t)
+    return out

@@ -1,0 +1,455 @@
+"""Study storage: SQLAlchemy URLs, the default SQLite file, safe display, clear failures.
+
+Passwords never reach a message: :func:`mask_url` hides them without trusting the URL to
+parse, and every URL that passes through here leaves its secrets with :func:`redact`, which
+the command line applies to every line it prints on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import random
+import re
+import sqlite3
+import stat
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import optuna
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import (ArgumentError, DBAPIError, DisconnectionError, IntegrityError, InterfaceError,
+                            OperationalError, SQLAlchemyError)
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from ..errors import FlashtuneError
+from ..text import printable
+
+__all__ = ["DEFAULT_STORAGE", "StaleTrialCallback", "StorageError", "check_storage", "error_reason", "is_transient",
+           "mask_url", "open_storage", "reading", "redact", "retrying"]
+
+T = TypeVar("T")
+
+DEFAULT_STORAGE = "sqlite:///studies/flashtune.db"
+
+#: what a storage calls for a RUNNING trial that it has just failed as stale (see :mod:`tuner.heartbeat`)
+StaleTrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
+
+
+class StorageError(FlashtuneError, RuntimeError):
+    """The storage URL is malformed, unreachable, or points at something that is not an Optuna database."""
+
+
+# -- secrets -----------------------------------------------------------------------------------
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://(.*)", re.S)
+_SECRET_QUERY = re.compile(r"([?&;](?:password|passfile|sslpassword)=)([^&;#]*)", re.I)
+_SECRETS: set[str] = set()  # every password seen in a storage URL by this process (for redact)
+
+
+def _userinfo_secret(scheme: str | None, rest: str) -> tuple[str, str] | None:
+    """(text before the secret, the secret) of ``user:secret@host...``; the secret runs to the last ``@``,
+    so an unescaped ``@`` in a password does not leave its tail in view."""
+    at = rest.rfind("@")
+    if at < 0:
+        return None
+    userinfo = rest[:at]
+    if ":" not in userinfo or (scheme is not None and scheme.lower().startswith("sqlite") and userinfo.startswith("/")):
+        return None
+    user, _, secret = userinfo.partition(":")
+    return user, secret
+
+
+def _secrets_of(url: str) -> set[str]:
+    """Every form a password of ``url`` may take in a message: as written, percent-decoded, as SQLAlchemy parsed it."""
+    found: set[str] = set()
+    m = _SCHEME.fullmatch(url)
+    pair = _userinfo_secret(m.group(1) if m else None, m.group(2) if m else url)
+    if pair:
+        found.add(pair[1])
+        found.update(pair[1].split("@"))  # a driver may quote the tail it took for the host name
+    found.update(v for _, v in _SECRET_QUERY.findall(url))
+    try:
+        parsed = make_url(url)
+        if parsed.password:
+            found.add(str(parsed.password))
+        found.update(str(v) for k, v in parsed.query.items() if k.lower() in ("password", "passfile", "sslpassword"))
+    except Exception:  # noqa: BLE001 - an unparsable URL still had its secrets found above
+        pass
+    found |= {unquote(s) for s in found}
+    return {s for s in found if s}
+
+
+def _remember_secrets(url: str) -> None:
+    _SECRETS.update(_secrets_of(url))
+
+
+def redact(text: str, *urls: str) -> str:
+    """``text`` with every password of ``urls`` and of every storage URL seen so far replaced by ``***``."""
+    for url in urls:
+        _remember_secrets(url)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if len(secret) >= 3 or any(secret in u for u in urls):  # a one-letter password would garble the text
+            text = text.replace(secret, "***")
+    return text
+
+
+def _mask_text(text: str) -> str:
+    """Any text that may hold a URL, with ``user:secret@`` (up to the last ``@``) and ``?password=`` masked;
+    needs no parsing, so a URL that SQLAlchemy refuses is masked too."""
+    m = _SCHEME.fullmatch(text)
+    scheme, rest = (m.group(1), m.group(2)) if m else (None, text)
+    pair = _userinfo_secret(scheme, rest)
+    if pair:
+        rest = f"{pair[0]}:***{rest[rest.rfind('@'):]}"
+    text = f"{scheme}://{rest}" if scheme is not None else rest
+    return printable(_SECRET_QUERY.sub(r"\1***", text), limit=300)
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password (``user:pw@``, ``?password=pw``) replaced by ``***``, for logs, reports
+    and headers; ``<unparsable storage URL>`` for text that is no URL."""
+    text = str(url)
+    _remember_secrets(text)
+    try:
+        parsed = make_url(text)
+        secret = {k: "***" for k in parsed.query if k.lower() in ("password", "passfile", "sslpassword")}
+        shown = parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a port that is no number), ...
+        return "<unparsable storage URL>"
+    m = _SCHEME.fullmatch(text)
+    pair = _userinfo_secret(m.group(1), m.group(2)) if m else None
+    if pair and "@" in pair[1]:  # an unescaped "@" in the password: SQLAlchemy took its tail for the host
+        return _mask_text(text)
+    return printable(shown, limit=300)
+
+
+# -- reasons -----------------------------------------------------------------------------------
+def error_reason(e: BaseException) -> str:
+    """The first line of what the database driver said (Optuna's StorageInternalError hides it behind a
+    generic "e.g. exceeding max length"; SQLAlchemy adds its statement and parameters), passwords redacted."""
+    inner: BaseException = e
+    for _ in range(8):
+        if isinstance(inner, DBAPIError) and inner.orig is not None:
+            inner = inner.orig
+            break
+        nxt = inner.__cause__ or (inner.__context__ if isinstance(inner, optuna.exceptions.StorageInternalError)
+                                  else None)
+        if nxt is None:
+            break
+        inner = nxt
+    lines = [line.strip() for line in str(inner).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(inner).__name__
+    if text.startswith("(") and ") " in text:  # "(sqlite3.OperationalError) database is locked"
+        text = text.split(") ", 1)[1]
+    return printable(redact(text), limit=200)
+
+
+_TRANSIENT = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether a storage failure may pass (connection lost, server restarting, database locked), so
+    retrying makes sense; a malformed database or a constraint violation will not."""
+    for _ in range(8):
+        if isinstance(e, _TRANSIENT):
+            return True
+        if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None:
+            e = e.__cause__
+            continue
+        return False
+    return False
+
+
+# -- SQLite files ------------------------------------------------------------------------------
+def _optuna_tables() -> frozenset[str]:
+    from optuna.storages._rdb import models
+
+    return frozenset(models.BaseModel.metadata.tables) | {"alembic_version"}
+
+
+_CORE_TABLES = frozenset({"studies", "trials", "version_info"})
+_NO_DATABASE = "run `flashtune tune` first, or point --storage at the database that holds your studies"
+
+
+def _sqlite_path(parsed: URL, url: str) -> Path:
+    database = parsed.database or ""
+    in_memory = (not database or database == ":memory:" or database.startswith("file::memory:")
+                 or parsed.query.get("mode") == "memory")
+    if in_memory:
+        raise StorageError(f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
+                           "empty one; give a file, e.g. sqlite:///studies/flashtune.db")
+    return Path(database)
+
+
+def _optuna_columns() -> dict[str, frozenset[str]]:
+    from optuna.storages._rdb import models
+
+    return {name: frozenset(c.name for c in table.columns) for name, table in models.BaseModel.metadata.tables.items()}
+
+
+def _sqlite_tables(path: Path) -> dict[str, set[str]]:
+    """The tables of an existing SQLite file and their columns, read without writing anything (not even a
+    journal)."""
+    uri = path.absolute().as_uri() + "?mode=ro"  # as_uri quotes '#', '?' and '%': the path is the file's own
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            return {n: {row[1] for row in conn.execute(f'PRAGMA table_info("{n.replace(chr(34), chr(34) * 2)}")')}
+                    for n in names}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise StorageError(f"{path} is not a SQLite database ({e}); choose another --storage") from None
+
+
+def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> None:
+    """Refuse a path that is not a usable study database: another program's file, a directory or device,
+    an unwritable place (for commands that write), or, for commands that only read, one with no studies.
+    ``dry_run``: check a path a command will write, creating nothing yet (not even its folder)."""
+    shown = printable(path, limit=300)
+    try:
+        if not create and not path.is_file():
+            if path.exists():
+                raise StorageError(f"{shown} is not a regular file; point --storage at a study database")
+            raise StorageError(f"no study database at {shown}; {_NO_DATABASE}")
+        if path.exists():
+            mode = path.stat().st_mode
+            if stat.S_ISDIR(mode):
+                raise StorageError(f"{shown} is a directory; give a database file, e.g. sqlite:///{shown}/flashtune.db")
+            if not stat.S_ISREG(mode):
+                raise StorageError(f"{shown} is not a regular file (a device, pipe or socket); give a database file")
+            size = path.stat().st_size
+        else:
+            size = None
+    except OSError as e:
+        raise StorageError(f"cannot use {shown}: {e.strerror or e}; choose another --storage") from None
+    columns = _sqlite_tables(path) if size else {}
+    tables = set(columns)
+    foreign = {t for t in tables - _optuna_tables() if not t.startswith("sqlite_")}
+    # Optuna's tables with Optuna's columns but some tables still missing: another tuner is creating the
+    # schema right now (it completes it, or this one does); a same-named table of other columns is not Optuna's
+    optuna_columns = _optuna_columns()
+    foreign |= {t for t in tables & optuna_columns.keys() if not optuna_columns[t] <= columns[t]}
+    if foreign or (tables and not _CORE_TABLES <= tables and not tables & optuna_columns.keys()):
+        listed = ", ".join(printable(t, 40) for t in sorted(foreign or tables)[:5])
+        raise StorageError(f"{shown} holds another program's tables ({listed}), not an Optuna study database; "
+                           "choose another --storage")
+    if not create:
+        if not tables:
+            raise StorageError(f"no study database at {shown} (the file holds no studies); {_NO_DATABASE}")
+        return
+    if dry_run:
+        _check_creatable(path, size)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create folder {printable(path.parent, 300)} for the study database: "
+                           f"{e.strerror or e}; choose another --storage") from None
+    if size is not None and not os.access(path, os.W_OK):
+        raise StorageError(f"{shown} is read-only; tuning writes to it: make it writable or choose another --storage")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise StorageError(f"folder {printable(path.parent, 300)} is not writable (SQLite writes its journal there); "
+                           "choose another --storage")
+
+
+def _check_creatable(path: Path, size: int | None) -> None:
+    """The folders to create (if any) and the file can be created and written by this process."""
+    if size is not None:
+        if not os.access(path, os.W_OK):
+            raise StorageError(f"{printable(path, 300)} is read-only; tuning writes to it: make it writable or "
+                               "choose another --storage")
+        folder = path.parent
+    else:
+        folder = path.parent.absolute()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    try:
+        is_dir = folder.is_dir()
+    except OSError as e:
+        raise StorageError(f"cannot use {printable(path, 300)}: {e.strerror or e}; choose another --storage") from None
+    if not is_dir:
+        raise StorageError(f"cannot create {printable(path, 300)}: {printable(folder, 300)} is not a folder; "
+                           "choose another --storage")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StorageError(f"folder {printable(folder, 300)} is not writable (the study database and its journal "
+                           "go there); choose another --storage")
+
+
+def _require_schema(url: str, engine_kwargs: dict[str, Any]) -> None:
+    """For commands that only read a server database: refuse one without Optuna's tables rather than
+    letting Optuna create them."""
+    engine = create_engine(url, **engine_kwargs)
+    try:
+        tables = set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    if not _CORE_TABLES <= tables:
+        raise StorageError(f"no study database at {mask_url(url)} (it holds no Optuna tables); {_NO_DATABASE}")
+
+
+# -- opening -----------------------------------------------------------------------------------
+def _parse(url: str | None) -> tuple[str, URL, str]:
+    url = DEFAULT_STORAGE if url is None else url
+    if not isinstance(url, str) or not url.strip():
+        raise StorageError(f"empty storage URL; give e.g. {DEFAULT_STORAGE} or postgresql+psycopg://user:password@host/db")
+    _remember_secrets(url)
+    try:
+        parsed = make_url(url)
+        return url, parsed, parsed.get_backend_name()
+    except (ArgumentError, ValueError, TypeError):
+        raise StorageError(f"invalid storage URL {_mask_text(url)!r}; expected e.g. {DEFAULT_STORAGE} or "
+                           "postgresql+psycopg://user:password@host/db") from None
+
+
+def check_storage(url: str | None) -> None:
+    """Check ``url`` as :func:`open_storage` would before writing, creating and changing nothing: a command
+    checks its storage before it looks for a GPU, and creates the database only once it has one."""
+    url, parsed, backend = _parse(url)
+    if backend == "sqlite":
+        _check_sqlite_file(_sqlite_path(parsed, url), create=True, dry_run=True)
+        return
+    try:
+        engine = create_engine(url, pool_pre_ping=True)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except (SQLAlchemyError, ImportError, ValueError, RuntimeError, OSError) as e:
+        raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
+
+
+def _default_stale_trial_callback() -> StaleTrialCallback:
+    from ._heartbeat import requeue_stale  # the default policy until every caller passes its own
+
+    return requeue_stale
+
+
+def _creation_race(e: BaseException) -> bool:
+    """Two processes creating the same new database at once: one loses a CREATE TABLE or an INSERT of
+    the schema version; opening again finds what the other one made."""
+    text = str(e).lower()
+    return isinstance(e, IntegrityError) or "already exists" in text or "unique constraint" in text or (
+        isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None
+        and _creation_race(e.__cause__))
+
+
+def open_storage(url: str | None = None, *, create: bool = True,
+                 stale_trial_callback: StaleTrialCallback | None = None) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
+
+    Heartbeats are on (see :mod:`tuner.heartbeat`); a trial whose tuner died is failed by whichever
+    tuner notices first, which then calls ``stale_trial_callback`` (default: re-enqueue its config,
+    :func:`tuner.heartbeat.requeue_stale`). Commands that only read (``create=False``) never create
+    or change anything: where no study database exists (a new path, an empty file, a server database
+    without Optuna's tables) they get a :class:`StorageError` saying so. Opening a new database from
+    several processes at once is safe: the one that loses the race to create the tables retries.
+    """
+    from ._heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S
+
+    url, parsed, backend = _parse(url)
+    if backend == "sqlite":
+        _check_sqlite_file(_sqlite_path(parsed, url), create=create)
+        engine_kwargs: dict = {"connect_args": {"timeout": 60}}  # wait for the write lock (heartbeats, other tuners)
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    callback = stale_trial_callback or _default_stale_trial_callback()
+    for attempt in range(1, 7):
+        try:
+            if not create and backend != "sqlite":
+                _require_schema(url, engine_kwargs)
+            with warnings.catch_warnings():  # heartbeats are on on purpose: no "experimental feature" line on stderr
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                                     heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                                     grace_period=GRACE_PERIOD_S,
+                                                     heartbeat_stale_trial_callback=callback)
+            break
+        except StorageError:
+            raise
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+            if _creation_race(e) and attempt < 6:
+                time.sleep(random.uniform(0.05, 0.2) * attempt)
+                continue
+            raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
+        except (ImportError, ValueError, RuntimeError, OSError) as e:
+            raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
+    if backend == "sqlite" and create:
+        _lock_sqlite_at_begin(storage.engine)
+    return storage
+
+
+def _lock_sqlite_at_begin(engine: Engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins.
+
+    pysqlite only begins a transaction at the first write, after the reads that decided it, so
+    two tuners could both read an enqueued trial as WAITING and both run it (PostgreSQL locks
+    the row: ``SELECT ... FOR UPDATE``). ``BEGIN IMMEDIATE`` serialises the transactions
+    instead; they are short, and waiting ones queue for up to the connection's timeout. Calls
+    made inside :func:`reading` only read, and begin without the lock.
+    """
+    @event.listens_for(engine, "connect")
+    def _driver_leaves_transactions_to_sqlalchemy(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+        # write-ahead log: a commit appends to the log instead of syncing the database file, and
+        # readers do not wait for writers. With synchronous=NORMAL a power cut may lose the last
+        # commits (never corrupts); a crash of the tuner loses nothing. A trial costs 2 commits (tuner.trial_writes).
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN" if _READ_ONLY.get() else "BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while the tables were created predate the listeners
+
+
+_READ_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("flashtune_storage_read_only", default=False)
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """Storage calls inside only read: on SQLite their transactions begin without the write lock (in
+    write-ahead-log mode they neither wait for writers nor make writers wait). Per thread."""
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
+
+def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0,
+             log=None) -> T:
+    """Run a storage operation; while the database is unreachable, retry with doubling delays.
+
+    Says so on stderr at each retry; after ``attempts`` tries raises :class:`StorageError` (what
+    was stored stays stored: rerunning the same command resumes). A failure that retrying cannot
+    cure (a malformed database file, a constraint violation) is a :class:`StorageError` at once,
+    with what the database said.
+    """
+    delay = first_delay_s
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+            reason = error_reason(e)
+            if not is_transient(e):
+                raise StorageError(f"storage failed while {what} ({reason}); finished trials are stored: "
+                                   "rerun the same command to resume once the storage is fixed") from None
+            if attempt == attempts:
+                raise StorageError(f"storage unreachable while {what} after {attempts} attempts ({reason}); "
+                                   "finished trials are stored: rerun the same command to resume") from None
+            print(f"flashtune: storage unreachable while {what} ({reason}); retry {attempt}/{attempts - 1} "
+                  f"in {delay:.0f} s", file=log or sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, 30.0)
+    raise AssertionError("unreachable")
