@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from tests.conftest import fast_dir
-from tests.test_storage_contract import _drop_pg_database, _new_pg_database
+from tests.study.test_storage_contract import _drop_pg_database, _new_pg_database
 from tuner.study import OWNER, this_process
 from tuner.search import distributions
 from tuner.study import open_storage, reading
