@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.devices import KNOWN_ARCHS, SMEM_RESERVED_PER_BLOCK, DeviceLimits, limits_for_arch
+from tuner.devices import DEVICE_MACROS, KNOWN_ARCHS, SMEM_RESERVED_PER_BLOCK, DeviceLimits, limits_for_arch
 from tuner.problem import Problem
 from tuner.space import load_space
 
@@ -17,6 +17,26 @@ def test_one_cta_of_the_opt_in_maximum_and_its_reservation_fill_an_sm(arch):
     d = limits_for_arch(arch)
     assert d.smem_per_sm == d.smem_per_block_optin + d.smem_reserved_per_block
     assert d.env()["smem_per_sm"] == d.smem_per_sm and d.env()["smem_reserved_per_block"] == SMEM_RESERVED_PER_BLOCK
+
+
+@pytest.mark.parametrize("arch", KNOWN_ARCHS)
+def test_macros_are_the_limits_the_constraints_read(arch):
+    """The compiler gets the same numbers as the space expressions (env), under FT_ names; not the SM count,
+    so that one cubin serves every part of an arch."""
+    d = limits_for_arch(arch)
+    macros = d.macros()
+    assert set(macros) == set(DEVICE_MACROS.values())
+    assert all(macros[macro] == d.env()[name] for name, macro in DEVICE_MACROS.items())
+    assert macros["FT_SMEM_PER_BLOCK_OPTIN"] == d.smem_per_block_optin and macros["FT_SMEM_PER_SM"] == d.smem_per_sm
+    assert "num_sms" not in DEVICE_MACROS and "arch" not in DEVICE_MACROS
+    other_part = DeviceLimits(arch=arch, smem_per_block_optin=d.smem_per_block_optin, num_sms=d.num_sms + 1)
+    assert other_part.macros() == macros
+
+
+def test_macros_follow_a_device_with_other_limits():
+    d = DeviceLimits.from_info({**H200, "smem_per_block_optin": 200000, "smem_per_sm": 201024, "regs_per_sm": 32768})
+    assert d.macros() == {"FT_SMEM_PER_BLOCK_OPTIN": 200000, "FT_SMEM_PER_SM": 201024, "FT_SMEM_RESERVED_PER_BLOCK": 1024,
+                          "FT_REGS_PER_SM": 32768, "FT_MAX_REGS_PER_THREAD": 255}
 
 
 def test_limits_from_a_device_report():

@@ -1,8 +1,10 @@
-"""Hardware limits that space constraints are checked against.
+"""Hardware limits that space constraints are checked against, and that reach the compiler.
 
-On a machine with a GPU the limits are read from the device (``tuner.gpu.info``); without
-one, ``flashtune check --arch 80`` uses the table below, taken from the CUDA programming
+On a machine with a GPU the limits are read from the device (the GPU worker's ``gpu_info``, tuner/gpu);
+without one, ``flashtune check --arch 80`` uses the table below, taken from the CUDA programming
 guide's per-compute-capability limits ("Technical Specifications per Compute Capability").
+:meth:`DeviceLimits.macros` passes the same limits to a build as ``-D`` macros, which the
+kernels' config headers restate as ``static_assert``s: this module is their one source.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ from dataclasses import asdict, dataclass
 
 from .errors import UsageError
 
-__all__ = ["DeviceLimits", "KNOWN_ARCHS", "gpu_unavailable", "limits_for_arch", "missing_driver"]
+__all__ = ["DEVICE_MACROS", "KNOWN_ARCHS", "DeviceLimits", "gpu_unavailable", "limits_for_arch", "missing_driver"]
 
 #: Shared memory the system reserves for every resident CTA (cudaDevAttrReservedSharedMemoryPerBlock), sm_80 on.
 SMEM_RESERVED_PER_BLOCK = 1024
+
+#: Device limits that reach the compiler (:meth:`DeviceLimits.macros`): ``DeviceLimits.env`` name -> macro.
+DEVICE_MACROS = {
+    "smem_per_block_optin": "FT_SMEM_PER_BLOCK_OPTIN",
+    "smem_per_sm": "FT_SMEM_PER_SM",
+    "smem_reserved_per_block": "FT_SMEM_RESERVED_PER_BLOCK",
+    "regs_per_sm": "FT_REGS_PER_SM",
+    "max_regs_per_thread": "FT_MAX_REGS_PER_THREAD",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +64,14 @@ class DeviceLimits:
             "max_regs_per_thread": self.max_regs_per_thread,
             "num_sms": self.num_sms,
         }
+
+    def macros(self) -> dict[str, int]:
+        """The ``-D`` macros of the limits a kernel's config header checks at compile time (its
+        ``static_assert``s): the values the space's constraints are checked against, so that a config the
+        static check accepts for this device also compiles for it. Not ``arch`` (nvcc's ``__CUDA_ARCH__``)
+        nor ``num_sms`` (the host sizes persistent grids, so one cubin serves every part of an arch)."""
+        env = self.env()
+        return {macro: env[name] for name, macro in DEVICE_MACROS.items()}
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

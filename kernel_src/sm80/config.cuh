@@ -45,6 +45,27 @@
 #define FT_MIN_BLOCKS_PER_SM 1  // second __launch_bounds__ argument (register budget)
 #endif
 
+// ---- device limits -----------------------------------------------------------------------
+// The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
+// the values the space file's constraints were checked against. The defaults serve a build by
+// hand: the opt-in shared memory of the arch being compiled (tuner/devices.py's table; a test
+// keeps the two equal), and in the host pass, which has no arch, the largest of them.
+#ifndef FT_SMEM_PER_BLOCK_OPTIN
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900 || __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030
+#define FT_SMEM_PER_BLOCK_OPTIN 232448
+#elif __CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870
+#define FT_SMEM_PER_BLOCK_OPTIN 166912
+#else
+#define FT_SMEM_PER_BLOCK_OPTIN 101376
+#endif
+#endif
+#ifndef FT_REGS_PER_SM
+#define FT_REGS_PER_SM 65536  // 32-bit registers per SM
+#endif
+#ifndef FT_MAX_REGS_PER_THREAD
+#define FT_MAX_REGS_PER_THREAD 255  // registers one thread may use
+#endif
+
 // ---- derived -------------------------------------------------------------------------
 #ifndef FT_SMEM_BYTES
 #define FT_SMEM_BYTES ((FT_BLOCK_M + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2)
@@ -71,6 +92,9 @@ constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr bool kQInRegs = FT_Q_IN_REGS != 0;
 constexpr int kMinBlocksPerSm = FT_MIN_BLOCKS_PER_SM;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
+constexpr int kSmemPerBlockOptin = FT_SMEM_PER_BLOCK_OPTIN;
+constexpr int kRegsPerSm = FT_REGS_PER_SM;
+constexpr int kMaxRegsPerThread = FT_MAX_REGS_PER_THREAD;
 
 constexpr int kThreads = kNumWarps * 32;
 constexpr int kWarpRows = kBlockM / kNumWarps;  // query rows owned by one warp
@@ -86,10 +110,10 @@ constexpr int kChunksPerRow = kHeadDim / 8;      // 16-byte chunks in one smem r
 // + 16 with three stages, + 8 beyond two m-tiles. Fitted to ptxas for sm_80 and sm_90.
 constexpr int kRegEstimate = kMTiles * (kBlockN * 3 / 4 + kHeadDim / 2) + (kQInRegs ? kMTiles * kHeadDim / 4 + 8 : 0) +
                              24 + (kKvStages == 1 ? 24 : kKvStages == 3 ? 16 : 0) + (kMTiles > 2 ? 8 : 0);
-constexpr int kRegBudgetRaw = 65536 / (kThreads * kMinBlocksPerSm) / 8 * 8;
-constexpr int kRegBudget = kRegBudgetRaw < 255 ? kRegBudgetRaw : 255;
-// A cap below 255 needs 8 registers of headroom (ptxas spilled at estimate == cap).
-constexpr int kRegLimit = kRegBudget >= 255 ? kRegBudget : kRegBudget - 8;
+constexpr int kRegBudgetRaw = kRegsPerSm / (kThreads * kMinBlocksPerSm) / 8 * 8;
+constexpr int kRegBudget = kRegBudgetRaw < kMaxRegsPerThread ? kRegBudgetRaw : kMaxRegsPerThread;
+// A cap below the per-thread maximum needs 8 registers of headroom (ptxas spilled at estimate == cap).
+constexpr int kRegLimit = kRegBudget >= kMaxRegsPerThread ? kRegBudget : kRegBudget - 8;
 
 // ---- constraints (mirror [constraints.*] in search_spaces/sm80.toml) ------------------
 static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim must be 64 or 128");
@@ -108,16 +132,9 @@ static_assert((kWarpRows * kChunksPerRow) % 32 == 0, "epilogue copies whole warp
 static_assert(kSmemBytes == (kBlockM + 2 * kKvStages * kBlockN) * kHeadDim * 2,
               "FT_SMEM_BYTES must equal (block_m + 2 * kv_stages * block_n) * head_dim * 2");
 static_assert(kRegEstimate <= kRegLimit,
-              "register estimate exceeds the budget 65536 / (threads * min_blocks_per_sm) (capped at 255, less 8 "
-              "headroom below the cap): it would spill (regs_fit)");
-
-// Opt-in shared memory per block of the architecture being compiled (device pass only).
-__host__ __device__ constexpr int smem_optin_bytes(int arch) {
-  return (arch == 800 || arch == 870) ? 166912 : (arch == 900 || arch == 1000 || arch == 1030) ? 232448 : 101376;
-}
-#ifdef __CUDA_ARCH__
-static_assert(kSmemBytes <= smem_optin_bytes(__CUDA_ARCH__),
-              "shared memory per CTA exceeds this architecture's opt-in limit (smem_fits)");
-#endif
+              "register estimate exceeds the budget regs_per_sm / (threads * min_blocks_per_sm) (capped at "
+              "max_regs_per_thread, less 8 headroom below the cap): it would spill (regs_fit)");
+static_assert(kSmemBytes <= kSmemPerBlockOptin,
+              "shared memory per CTA exceeds the device's opt-in limit FT_SMEM_PER_BLOCK_OPTIN (smem_fits)");
 
 }  // namespace ft_sm80

@@ -3,7 +3,7 @@
 // Host-callable too: tests/kernels/sm90_schedule_check.cu checks it against brute force.
 #pragma once
 
-#include "config.cuh"
+#include "sm90/config.cuh"
 
 namespace ft_sm90 {
 

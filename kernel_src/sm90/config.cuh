@@ -63,6 +63,23 @@
 #define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
 #endif
 
+// ---- device limits -----------------------------------------------------------------------
+// The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
+// the values the space file's constraints were checked against. The defaults, H100/H200's (the
+// only sm_90 parts), serve a build by hand.
+#ifndef FT_SMEM_PER_BLOCK_OPTIN
+#define FT_SMEM_PER_BLOCK_OPTIN 232448  // opt-in shared memory per block
+#endif
+#ifndef FT_SMEM_PER_SM
+#define FT_SMEM_PER_SM 233472  // shared memory per SM, shared by its resident CTAs
+#endif
+#ifndef FT_SMEM_RESERVED_PER_BLOCK
+#define FT_SMEM_RESERVED_PER_BLOCK 1024  // reserved by the system for every resident CTA
+#endif
+#ifndef FT_REGS_PER_SM
+#define FT_REGS_PER_SM 65536  // 32-bit registers per SM
+#endif
+
 // ---- derived -------------------------------------------------------------------------
 #ifndef FT_SMEM_BYTES
 #define FT_SMEM_BYTES \
@@ -106,12 +123,13 @@ constexpr int kKvBoxRows = kBlockN / kClusterCtas;  // K/V rows each CTA of a cl
 // Q stages: a persistent CTA loads the next work unit's Q into the other one while a unit computes.
 // The O of a unit is staged in its Q stage (each consumer warpgroup in its own rows).
 constexpr int kQStages = kPersistent ? 2 : 1;
-constexpr int kSmemOptin = 232448;                   // H100/H200 opt-in shared memory per block
-constexpr int kSmemPerSm = 233472;                   // H100/H200 shared memory per SM
-constexpr int kSmemReservedPerBlock = 1024;          // reserved by the system for every resident CTA
+constexpr int kSmemOptin = FT_SMEM_PER_BLOCK_OPTIN;
+constexpr int kSmemPerSm = FT_SMEM_PER_SM;
+constexpr int kSmemReservedPerBlock = FT_SMEM_RESERVED_PER_BLOCK;
+constexpr int kRegsPerSm = FT_REGS_PER_SM;
 // Registers per thread at kernel entry: the __launch_bounds__(kThreads, kCtasPerSm) cap, in units of 8.
 constexpr int kEntryRegs =
-    (65536 / (kThreads * kCtasPerSm) < 256 ? 65536 / (kThreads * kCtasPerSm) : 256) / 8 * 8;
+    (kRegsPerSm / (kThreads * kCtasPerSm) < 256 ? kRegsPerSm / (kThreads * kCtasPerSm) : 256) / 8 * 8;
 
 // ---- constraints (the space file's, restated) ------------------------------------------
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim must be 64, 128 or 256");
@@ -136,9 +154,10 @@ static_assert(kPvSplit == 0 || !kIntraWgOverlap,
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
 static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
-static_assert(kSmemBytes <= kSmemOptin, "shared memory over the opt-in limit");
+static_assert(kSmemBytes <= kSmemOptin,
+              "shared memory per CTA exceeds the device's opt-in limit FT_SMEM_PER_BLOCK_OPTIN (smem_fits)");
 static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
 static_assert(kCtasPerSm * (kSmemBytes + kSmemReservedPerBlock) <= kSmemPerSm,
-              "ctas_per_sm CTAs do not fit the SM's shared memory");
+              "ctas_per_sm CTAs do not fit the SM's shared memory FT_SMEM_PER_SM (smem_per_sm_fits)");
 
 }  // namespace ft_sm90

@@ -8,14 +8,14 @@
 
 #include <cstdint>
 
-#include "block_info.cuh"
-#include "config.cuh"
-#include "named_barrier.cuh"
-#include "pipeline.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/warpgroup.cuh"
-#include "smem_layout.cuh"
-#include "softmax.cuh"
+#include "sm90/block_info.cuh"
+#include "sm90/config.cuh"
+#include "sm90/named_barrier.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/warpgroup.cuh"
+#include "sm90/ptx/wgmma.cuh"
+#include "sm90/smem_layout.cuh"
 
 namespace ft_sm90 {
 
@@ -35,7 +35,7 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
   const int row0 = 16 * warp + lane / 4;  // row of h = 0 within the warpgroup's 64
 #pragma unroll
   for (int i = 0; i < kO; i += 2) {
-    const int row = row0 + 8 * acc_row_half(i);
+    const int row = row0 + 8 * ptx::acc_row_half(i);
     const int col = (i >> 2) * 8 + 2 * (lane % 4);
     const uint32_t packed = ptx::pack2<kIsBf16>(o[i], o[i + 1]);
     // Panels are kBlockM rows apart; rows of this warpgroup start at `tile`.

@@ -7,16 +7,17 @@
 // of two along the query blocks and each loads half of every K/V tile for both. Semantics:
 // kernel_src/README.md; ABI sm90_tma: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
 // LSE as a pointer.
-#include "block_info.cuh"
-#include "config.cuh"
-#include "epilogue.cuh"
-#include "mainloop.cuh"
-#include "ptx/cluster.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/warpgroup.cuh"
-#include "smem_layout.cuh"
-#include "softmax.cuh"
-#include "tile_scheduler.cuh"
+#include "sm90/block_info.cuh"
+#include "sm90/config.cuh"
+#include "sm90/epilogue.cuh"
+#include "sm90/mainloop.cuh"
+#include "sm90/mask.cuh"
+#include "sm90/ptx/cluster.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/warpgroup.cuh"
+#include "sm90/smem_layout.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/tile_scheduler.cuh"
 
 using namespace ft_sm90;
 

@@ -4,16 +4,17 @@
 
 #include <cstdint>
 
-#include "block_info.cuh"
-#include "config.cuh"
-#include "named_barrier.cuh"
-#include "pipeline.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/wgmma.cuh"
-#include "smem_layout.cuh"
-#include "softmax.cuh"
-#include "tile_scheduler.cuh"
+#include "sm90/block_info.cuh"
+#include "sm90/config.cuh"
+#include "sm90/mask.cuh"
+#include "sm90/named_barrier.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
+#include "sm90/smem_layout.cuh"
+#include "sm90/softmax.cuh"
+#include "sm90/tile_scheduler.cuh"
 
 namespace ft_sm90 {
 

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "ptx/cluster.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/tma.cuh"
+#include "sm90/ptx/cluster.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/tma.cuh"
 
 namespace ft_sm90 {
 

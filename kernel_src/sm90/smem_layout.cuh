@@ -8,10 +8,10 @@
 
 #include <cstdint>
 
-#include "config.cuh"
-#include "pipeline.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/wgmma.cuh"
+#include "sm90/config.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/wgmma.cuh"
 
 namespace ft_sm90 {
 

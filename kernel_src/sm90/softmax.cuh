@@ -1,23 +1,21 @@
-// Online softmax over the rows a consumer thread owns in the wgmma accumulator layout.
-//
-// Accumulator layout of m64nN (per warp, 16 rows): value i of a thread sits in row
-// lane/4 + 8 * ((i >> 1) & 1) and column (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). So each
-// thread owns two rows (h = 0, 1) and a row is spread over the 4 threads of a quad.
+// Online softmax over the rows a consumer thread owns in the wgmma accumulator layout
+// (ptx::acc_row_half, sm90/ptx/wgmma.cuh: each thread owns two rows h = 0, 1, each spread over
+// the 4 threads of a quad).
 //
 // The row max is kept in scaled log2 units (max * softmax_scale * log2 e) so that one FFMA
-// feeds exp2 (MUFU.EX2, or for kPolyExp of every 8 values a polynomial on the FMA pipe). Lazy rescale: a new max is adopted only when it exceeds the kept one by more
-// than kRescaleSlack (P <= 2^slack meanwhile), and the O rescale is skipped when no row of
-// the warp needs it (warp-uniform branch).
+// feeds exp2 (MUFU.EX2, or for kPolyExp of every 8 values a polynomial on the FMA pipe).
+// Lazy rescale: a new max is adopted only when it exceeds the kept one by more than
+// kRescaleSlack (P <= 2^slack meanwhile), and the O rescale is skipped when no row of the
+// warp needs it (warp-uniform branch). Masking: mask.cuh.
 #pragma once
 
 #include <cmath>
 
-#include "config.cuh"
-#include "ptx/warpgroup.cuh"
+#include "sm90/config.cuh"
+#include "sm90/ptx/warpgroup.cuh"
+#include "sm90/ptx/wgmma.cuh"
 
 namespace ft_sm90 {
-
-__device__ __forceinline__ int acc_row_half(int i) { return (i >> 1) & 1; }
 
 template <int kN>  // accumulator values per thread = columns / 2
 struct OnlineSoftmax {
@@ -35,7 +33,7 @@ struct OnlineSoftmax {
   __device__ __forceinline__ bool update_max(const float (&s)[kN], float (&o_scale)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < kN; ++i) mx[acc_row_half(i)] = fmaxf(mx[acc_row_half(i)], s[i]);
+    for (int i = 0; i < kN; ++i) mx[ptx::acc_row_half(i)] = fmaxf(mx[ptx::acc_row_half(i)], s[i]);
     bool need = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -64,9 +62,9 @@ struct OnlineSoftmax {
     for (int h = 0; h < 2; ++h) neg_max[h] = row_max[h] == -INFINITY ? 0.f : -row_max[h];
 #pragma unroll
     for (int i = kBegin; i < kEnd; ++i) {
-      const float x = fmaf(s[i], scale_log2, neg_max[acc_row_half(i)]);
+      const float x = fmaf(s[i], scale_log2, neg_max[ptx::acc_row_half(i)]);
       s[i] = i % 8 < kPolyExp ? ptx::exp2_poly(x) : ptx::exp2_approx(x);  // resolved at compile time
-      row_sum[acc_row_half(i)] += s[i];
+      row_sum[ptx::acc_row_half(i)] += s[i];
     }
   }
 
@@ -84,27 +82,14 @@ struct OnlineSoftmax {
       lse[h] = empty ? -INFINITY : (row_max[h] + __log2f(sum)) * float(M_LN2);
     }
 #pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] *= inv[acc_row_half(i)];
+    for (int i = 0; i < kO; ++i) o[i] *= inv[ptx::acc_row_half(i)];
   }
 };
 
 template <int kO>
 __device__ __forceinline__ void rescale_o(float (&o)[kO], const float (&o_scale)[2]) {
 #pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] *= o_scale[acc_row_half(i)];
-}
-
-// Scores outside the key range or above the (bottom-right aligned) causal diagonal -> -inf.
-// col0: first key of the tile plus 2 * (lane % 4); row0: query row of this thread's h = 0.
-template <int kN>
-__device__ __forceinline__ void apply_mask(float (&s)[kN], int col0, int row0, int seqlen_k, int causal_offset) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const int col = col0 + (i >> 2) * 8 + (i & 1);
-    int limit = seqlen_k;
-    if constexpr (kIsCausal) limit = min(limit, row0 + 8 * acc_row_half(i) + causal_offset + 1);
-    if (col >= limit) s[i] = -INFINITY;
-  }
+  for (int i = 0; i < kO; ++i) o[i] *= o_scale[ptx::acc_row_half(i)];
 }
 
 // The P fragment (A operand of O += P V) of k-step kk equals the accumulator values

@@ -16,7 +16,7 @@
 //   fp16 d128 causal B 32 N 512: persistent 243 TFLOPS against 260 for one CTA per block).
 #pragma once
 
-#include "config.cuh"
+#include "sm90/config.cuh"
 
 namespace ft_sm90 {
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import family_params, supported_archs, toy_space_text
-from tuner.devices import KNOWN_ARCHS, limits_for_arch
+from tuner.devices import DEVICE_MACROS, KNOWN_ARCHS, limits_for_arch
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
 from tuner.space import ConfigError, SpaceError, available_families, config_key, load_space
@@ -202,14 +202,32 @@ def _header_macros(text: str) -> tuple[set[str], set[str], dict[str, str]]:
 
 
 def test_config_header_reads_exactly_the_space_macros(space):
+    """Every problem, knob and derived macro, and of the device's (a build gets them all) those the header
+    checks: each with a default for a build by hand, none that no build passes."""
     text = (KERNEL_SRC / space.family.config_header).read_text()
     guarded, used, _ = _header_macros(text)
+    device_macros = set(DEVICE_MACROS.values())
     expected = ({"FT_HEAD_DIM", "FT_IS_BF16", "FT_IS_CAUSAL"} | {k.macro for k in space.knobs}
                 | {d.macro for d in space.derived if d.macro})
-    assert guarded == expected, (f"#ifndef defaults: missing {sorted(expected - guarded)}, "
-                                 f"not in {space.name}.toml {sorted(guarded - expected)}")
-    assert used == expected, (f"header uses {sorted(used - expected)} not declared in the space file; "
-                              f"never uses {sorted(expected - used)}")
+    checked = used & device_macros
+    assert checked, f"{space.family.config_header} checks no device limit (FT_SMEM_PER_BLOCK_OPTIN, ...)"
+    assert guarded == expected | checked, (f"#ifndef defaults: missing {sorted(expected | checked - guarded)}, "
+                                           f"not in {space.name}.toml {sorted(guarded - expected - checked)}")
+    assert used == expected | checked, (f"header uses {sorted(used - expected - checked)} not declared in the space "
+                                        f"file; never uses {sorted(expected - used)}")
+
+
+def test_a_build_gets_the_config_macros_and_the_device_limits(space):
+    """``build_macros``: what the header defines for the config, then every limit the space checks it against."""
+    device = limits_for_arch(supported_archs(space)[0])
+    problem = next(_problems(space))
+    config = space.defaults(problem.head_dim)
+    build = space.build_macros(config, problem, device)
+    assert build == {**space.macros(config, problem, device), **device.macros()}
+    assert not set(space.macros(config, problem, device)) & set(device.macros())
+    env = space.environment(config, problem, device)
+    assert {build[macro] for macro in DEVICE_MACROS.values()} == {env[name] for name in DEVICE_MACROS}
+    assert build["FT_SMEM_PER_BLOCK_OPTIN"] == device.smem_per_block_optin
 
 
 def _header_default(value: str, head_dim: int) -> int | None:
@@ -302,6 +320,8 @@ MALFORMED = {
                         ["[knobs.block_n]", "FT_BLOCK_M"]),
     "macro_clashes_with_problem_macro": (lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_HEAD_DIM"'),
                                          ["[knobs.stages]", "FT_HEAD_DIM"]),
+    "macro_clashes_with_device_macro": (lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_SMEM_PER_SM"'),
+                                        ["[knobs.stages]", "FT_SMEM_PER_SM"]),
     "macro_not_ft": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "BLOCK_N"'),
                      ["[knobs.block_n]", "BLOCK_N"]),
     "macro_lower_case": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_block_n"'),

@@ -1,6 +1,46 @@
-"""TODO tuner.space."""
+"""Knob spaces: a kernel family's knobs, derived values and constraints, read from its space file.
 
-from ._expr import ExprError, compile_expr
-from ._space import Config, ConfigError, Knob, Space, SpaceError, available_families, config_key, load_space
+``load_space("sm90")`` reads ``search_spaces/sm90.toml`` (format: ``search_spaces/README.md``),
+checks it thoroughly and returns a :class:`Space`. Everything else is computed from that one
+object: the search's distributions (:class:`Knob`), the static feasibility check that runs before
+any compile (``Space.check``), the ``-D`` macros of a build (``Space.build_macros``) and of an
+exported header (``Space.macros``), and the launch geometry (``Space.launch``). Derived values,
+constraints and launch sizes are small integer expressions (:func:`compile_expr`), which refuse
+anything but arithmetic, comparisons, conditionals and a few whitelisted functions.
+"""
 
-__all__ = ['Config', 'ConfigError', 'ExprError', 'Knob', 'Space', 'SpaceError', 'available_families', 'compile_expr', 'config_key', 'load_space']
+from __future__ import annotations
+
+from ._expr import Expr, ExprError, compile_expr
+from ._space import (
+    Config,
+    ConfigError,
+    Constraint,
+    Derived,
+    Family,
+    Knob,
+    LaunchGeometry,
+    Space,
+    SpaceError,
+    available_families,
+    config_key,
+    load_space,
+)
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Constraint",
+    "Derived",
+    "Expr",
+    "ExprError",
+    "Family",
+    "Knob",
+    "LaunchGeometry",
+    "Space",
+    "SpaceError",
+    "available_families",
+    "compile_expr",
+    "config_key",
+    "load_space",
+]

@@ -18,10 +18,10 @@ from typing import Any
 
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
-from ._expr import Expr, ExprError, compile_expr
 from ..paths import KERNEL_SRC, SEARCH_SPACES
 from ..problem import DTYPES, Problem
 from ..text import printable
+from ._expr import Expr, ExprError, compile_expr
 
 __all__ = [
     "Config",
@@ -43,6 +43,7 @@ Config = dict[str, int]
 PROBLEM_NAMES = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).env())
 DEVICE_NAMES = frozenset(DeviceLimits(arch=80, smem_per_block_optin=0, num_sms=1).env())
 PROBLEM_MACROS = frozenset(Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64).macros())
+DEVICE_MACROS = frozenset(DeviceLimits(arch=80, smem_per_block_optin=0, num_sms=1).macros())
 
 # every identifier a space file gives is matched whole (re.fullmatch: "$" would accept a trailing newline)
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -50,8 +51,8 @@ _MACRO = re.compile(r"FT_[A-Z0-9_]{1,60}")
 _C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ARCH_SUFFIX = re.compile(r"[a-z]{0,2}")
 _SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*")  # relative, no "..", no spaces
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"\n]+)"', re.M)
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"\n]+)"', re.MULTILINE)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _MACRO_TOKEN = re.compile(r"\bFT_[A-Z0-9_]+\b")
 
 #: limits of a CUDA launch (CUDA programming guide, "Features and Technical Specifications")
@@ -234,12 +235,18 @@ class Space:
         return "; ".join(reasons) if reasons else None
 
     def macros(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
-        """Every ``-D`` macro for this config: problem, knobs, then derived values that name one."""
+        """The macros that make this config what it is: problem, knobs, then derived values that name one
+        (what an exported header defines). A build also gets the device's: :meth:`build_macros`."""
         env = self.environment(config, problem, device)
         out = dict(problem.macros())
         out.update({k.macro: env[k.name] for k in self.knobs})
         out.update({d.macro: env[d.name] for d in self.derived if d.macro})
         return out
+
+    def build_macros(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Every ``-D`` macro of a build of ``config`` for ``device``: :meth:`macros`, then the device limits
+        that the config header checks (``DeviceLimits.macros``: the ones the constraints were checked against)."""
+        return {**self.macros(config, problem, device), **device.macros()}
 
     def launch(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> LaunchGeometry:
         env = self.environment(config, problem, device)
@@ -352,8 +359,29 @@ def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: se
 def _parse(data: Mapping[str, Any], path: Path) -> Space:
     where = str(path)
     _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints"})
+    family = _parse_family(_table(data, "family", where), path)
+    macros: set[str] = set()  # knob and derived macros so far (the problem's and the device's are reserved)
+    known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)  # grows by each knob and derived value, in file order
+    knob_tables = _table(data, "knobs", where)
+    if not knob_tables:
+        raise SpaceError(f"{where}: [knobs] declares no knob")
+    knobs = [_parse_knob(name, entry, f"{where} [knobs.{name}]", family, known, macros)
+             for name, entry in knob_tables.items()]
+    derived = [_parse_derived(name, entry, f"{where} [derived.{name}]", known, macros)
+               for name, entry in _table(data, "derived", where, required=False).items()]
+    constraints = [_parse_constraint(name, entry, f"{where} [constraints.{name}]", known)
+                   for name, entry in _table(data, "constraints", where, required=False).items()]
+    threads, smem_bytes, grid, launch_abi = _parse_launch(_table(data, "launch", where), where, known)
+    _check_macros_are_read(family, [(f"[knobs.{k.name}]", k.macro) for k in knobs]
+                           + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro], where)
+    return Space(family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
+                 launch_threads=threads, launch_smem_bytes=smem_bytes, launch_grid=grid, path=path,
+                 launch_abi=launch_abi)
 
-    fam = _table(data, "family", where)
+
+def _parse_family(fam: dict[str, Any], path: Path) -> Family:
+    """``[family]``: names, sources, entry, ABI, arch, head dims and dtypes, each checked."""
+    where = str(path)
     _keys(fam, f"{where} [family]", {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
           {"description", "arch_suffix"})
     if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]):
@@ -382,68 +410,66 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     if (not isinstance(head_dims, list) or not head_dims
             or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)):
         raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers (up to 1024)")
-    family = Family(
+    return Family(
         name=fam["name"], description=fam.get("description", ""), source=fam["source"],
         config_header=fam["config_header"], entry=fam["entry"], abi=fam["abi"], min_arch=int(fam["min_arch"]),
         arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(head_dims), dtypes=tuple(dtypes),
     )
 
-    knobs: list[Knob] = []
-    macros: set[str] = set(PROBLEM_MACROS)
-    known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)
-    knob_tables = _table(data, "knobs", where)
-    if not knob_tables:
-        raise SpaceError(f"{where}: [knobs] declares no knob")
-    for name, entry in knob_tables.items():
-        kw = f"{where} [knobs.{name}]"
-        _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "ordered"})
-        _check_name(name, kw, known)
+
+def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str], macros: set[str]) -> Knob:
+    """``[knobs.<name>]``; adds the knob's name to ``known`` and its macro to ``macros``."""
+    _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "ordered"})
+    _check_name(name, kw, known)
+    _check_macro(entry["macro"], kw, macros)
+    values = entry["values"]
+    if not isinstance(values, list) or not values:
+        raise SpaceError(f"{kw}: values must be a non-empty list")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values!r:.200}")
+    if not all(abs(v) <= MAX_KNOB_VALUE for v in values):
+        raise SpaceError(f"{kw}: values must fit a C int (at most {MAX_KNOB_VALUE} in size)")
+    if len(set(values)) != len(values):
+        raise SpaceError(f"{kw}: values repeat: {values}")
+    if isinstance(entry["default"], bool) or entry["default"] not in values:
+        raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
+    if not isinstance(entry["help"], str):
+        raise SpaceError(f"{kw}: help must be a string")
+    by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
+    ordered = entry.get("ordered", True)
+    if not isinstance(ordered, bool):
+        raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
+    known.add(name)
+    return Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
+                by_head_dim, ordered)
+
+
+def _parse_derived(name: str, entry: Any, kw: str, known: set[str], macros: set[str]) -> Derived:
+    """``[derived.<name>]``: an expression over what is declared before it; adds the name to ``known``."""
+    _keys(entry, kw, {"expr"}, {"macro", "help"})
+    _check_name(name, kw, known)
+    if "macro" in entry:
         _check_macro(entry["macro"], kw, macros)
-        values = entry["values"]
-        if not isinstance(values, list) or not values:
-            raise SpaceError(f"{kw}: values must be a non-empty list")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise SpaceError(f"{kw}: values must be integers (booleans as 0/1), got {values!r:.200}")
-        if not all(abs(v) <= MAX_KNOB_VALUE for v in values):
-            raise SpaceError(f"{kw}: values must fit a C int (at most {MAX_KNOB_VALUE} in size)")
-        if len(set(values)) != len(values):
-            raise SpaceError(f"{kw}: values repeat: {values}")
-        if isinstance(entry["default"], bool) or entry["default"] not in values:
-            raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
-        if not isinstance(entry["help"], str):
-            raise SpaceError(f"{kw}: help must be a string")
-        by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
-        ordered = entry.get("ordered", True)
-        if not isinstance(ordered, bool):
-            raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
-        knobs.append(Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
-                          by_head_dim, ordered))
-        known.add(name)
+    if not isinstance(entry.get("help", ""), str):
+        raise SpaceError(f"{kw}: help must be a string")
+    expr = _expr(entry["expr"], kw, known)
+    known.add(name)
+    return Derived(name, expr, entry.get("macro"), entry.get("help", ""))
 
-    derived: list[Derived] = []
-    for name, entry in _table(data, "derived", where, required=False).items():
-        kw = f"{where} [derived.{name}]"
-        _keys(entry, kw, {"expr"}, {"macro", "help"})
-        _check_name(name, kw, known)
-        if "macro" in entry:
-            _check_macro(entry["macro"], kw, macros)
-        if not isinstance(entry.get("help", ""), str):
-            raise SpaceError(f"{kw}: help must be a string")
-        expr = _expr(entry["expr"], kw, known)
-        derived.append(Derived(name, expr, entry.get("macro"), entry.get("help", "")))
-        known.add(name)
 
-    constraints: list[Constraint] = []
-    for name, entry in _table(data, "constraints", where, required=False).items():
-        kw = f"{where} [constraints.{name}]"
-        _keys(entry, kw, {"expr", "message"})
-        if not _NAME.fullmatch(name):
-            raise SpaceError(f"{kw}: name must be lower_snake_case")
-        expr = _expr(entry["expr"], kw, known)
-        _check_message(entry["message"], kw, known)
-        constraints.append(Constraint(name, expr, entry["message"]))
+def _parse_constraint(name: str, entry: Any, kw: str, known: set[str]) -> Constraint:
+    """``[constraints.<name>]``: a condition and the message shown when it is false."""
+    _keys(entry, kw, {"expr", "message"})
+    if not _NAME.fullmatch(name):
+        raise SpaceError(f"{kw}: name must be lower_snake_case")
+    expr = _expr(entry["expr"], kw, known)
+    _check_message(entry["message"], kw, known)
+    return Constraint(name, expr, entry["message"])
 
-    launch = _table(data, "launch", where)
+
+def _parse_launch(launch: dict[str, Any], where: str,
+                  known: set[str]) -> tuple[Expr, Expr, tuple[Expr, Expr, Expr], tuple[tuple[str, Expr], ...]]:
+    """``[launch]``: (threads, smem_bytes, grid, ``[launch.abi]`` entries), as expressions."""
     kw = f"{where} [launch]"
     _keys(launch, kw, {"threads", "smem_bytes", "grid"}, {"abi"})
     if not isinstance(launch["grid"], list) or len(launch["grid"]) != 3:
@@ -456,16 +482,9 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         if not _NAME.fullmatch(name):
             raise SpaceError(f"{where} [launch.abi]: {name!r} must be lower_snake_case")
     launch_abi = tuple((name, _expr(str(e), f"{where} [launch.abi] {name}", known)) for name, e in abi.items())
-    _check_macros_are_read(family, [(f"[knobs.{k.name}]", k.macro) for k in knobs]
-                           + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro], where)
-    return Space(
-        family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
-        launch_threads=_expr(str(launch["threads"]), kw, known),
-        launch_smem_bytes=_expr(str(launch["smem_bytes"]), kw, known),
-        launch_grid=grid,  # type: ignore[arg-type]
-        path=path,
-        launch_abi=launch_abi,
-    )
+    threads = _expr(str(launch["threads"]), kw, known)
+    smem_bytes = _expr(str(launch["smem_bytes"]), kw, known)
+    return threads, smem_bytes, grid, launch_abi  # type: ignore[return-value]
 
 
 def _check_name(name: str, where: str, known: set[str]) -> None:
@@ -478,6 +497,9 @@ def _check_name(name: str, where: str, known: set[str]) -> None:
 def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
     if not isinstance(macro, str) or not _MACRO.fullmatch(macro):
         raise SpaceError(f"{where}: macro {macro!r:.80} must look like FT_UPPER_CASE")
+    if macro in PROBLEM_MACROS | DEVICE_MACROS:
+        raise SpaceError(f"{where}: macro {macro} is reserved: every build gets it from the problem or the device; "
+                         "name the knob's macro differently")
     if macro in macros:
         raise SpaceError(f"{where}: macro {macro} is used twice")
     macros.add(macro)

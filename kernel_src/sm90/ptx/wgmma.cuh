@@ -51,6 +51,12 @@ __device__ __forceinline__ void fence_operands(T (&r)[M][N]) {
   for (int i = 0; i < M; ++i) fence_operands(r[i]);
 }
 
+// ---- accumulator layout of m64nN (per warp, 16 rows) ------------------------------------
+// Value i of a thread sits in row lane/4 + 8 * acc_row_half(i) and column
+// (i >> 2) * 8 + 2 * (lane % 4) + (i & 1). So each thread owns two rows (h = 0, 1) and a row
+// is spread over the 4 threads of a quad.
+__device__ __forceinline__ int acc_row_half(int i) { return (i >> 1) & 1; }
+
 // ---- issue: D(64xN, fp32) (+)= A(64x16) * B(16xN) ---------------------------------------
 // Wgmma<N>::ss<kBf16, kTransA, kTransB>(d, desc_a, desc_b, scale_d): A and B in shared memory.
 // Wgmma<N>::rs<kBf16, kTransB>(d, a, desc_b, scale_d): A in registers (4 x b32 per thread,
@@ -59,6 +65,6 @@ __device__ __forceinline__ void fence_operands(T (&r)[M][N]) {
 template <int N>
 struct Wgmma;
 
-#include "wgmma_shapes.inc"
+#include "sm90/ptx/wgmma_shapes.inc"
 
 }  // namespace ft_sm90::ptx
