@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.study import _meta as st
+from tuner import study as st
 from tuner.devices import DeviceLimits
 from tuner.problem import Problem
 from tuner.search import distributions
@@ -158,7 +158,7 @@ def set_winner(study: optuna.Study, space: Space, problem: Problem) -> dict[str,
         "date": "2025-01-02T03:04:05+00:00",
         "seen_trials": sorted(t.number for t in study.get_trials(states=(TrialState.COMPLETE,))),
     }
-    study.set_user_attr("winner", entry)
+    study.set_user_attr(st.WINNER, entry)
     return entry
 
 

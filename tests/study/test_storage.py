@@ -1,4 +1,4 @@
-"""tuner.storage: URLs, the default SQLite file, refusing other programs' files, masked passwords, retries."""
+"""tuner.study's storage: URLs, the default SQLite file, refusing other programs' files, masked passwords, retries."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import time
 import optuna
 import pytest
 
-from tuner.study import DEFAULT_STORAGE, StorageError, mask_url, open_storage, retrying
+from tuner.study import DEFAULT_STORAGE, FlashtuneStorage, StorageError, mask_url, open_storage, retrying
 
 
 def test_default_storage_creates_its_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert DEFAULT_STORAGE == "sqlite:///studies/flashtune.db"
     storage = open_storage(None)
-    assert isinstance(storage, optuna.storages.RDBStorage)
+    assert isinstance(storage, FlashtuneStorage) and isinstance(storage, optuna.storages.RDBStorage)
     assert (tmp_path / "studies").is_dir()
     optuna.create_study(study_name="x", storage=storage)
     assert (tmp_path / "studies" / "flashtune.db").stat().st_size > 0

@@ -24,7 +24,7 @@ from tuner.study import _heartbeat as hb
 from tuner.study import _meta as st
 from tuner.devices import DeviceLimits, limits_for_arch
 from tuner.problem import Problem
-from tuner.search import make_sampler
+from tuner.search import make_sampler, make_search
 from tuner.space import load_space
 from tuner.study import StorageError, open_storage
 from tuner.run import TuneSettings, tune
@@ -245,7 +245,8 @@ def test_a_tuning_loop_stores_every_trial(url, toy_space):
     storage = open_storage(url)
     study = _open(storage, toy_space)
     summary = tune(study, toy_space, PROBLEM, limits_for_arch(80), FakeMeasure(), TuneSettings(n_trials=6,
-                   compile_workers=1, compile_ahead=2), compiler=fake_compiler)
+                   compile_workers=1, compile_ahead=2), compiler=fake_compiler,
+                   search=make_search("random", toy_space, PROBLEM, limits_for_arch(80), 0))
     again = optuna.load_study(study_name="s", storage=open_storage(url))
     trials = again.get_trials()
     assert summary.evaluated == 6 == sum(st.is_evaluated(t) for t in trials)

@@ -184,7 +184,8 @@ def fake_gpu_run(monkeypatch):
 
     runs: list[str] = []
 
-    def run_on_gpu(spec, gpu, label="", *, workers=None, pool=None):
+    def run_on_gpu(run, gpu, label="", *, workers=None, pool=None):
+        spec = run.spec
         runs.append(spec.study_name)
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         fill_study(study, load_space(spec.family), spec.problem, n_trials=spec.settings.n_trials, seed=len(runs),
@@ -201,15 +202,16 @@ def fake_gpu_run(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    def retime_winner(spec, gpu, *, top_k, rounds, worker=None):
+    def retime_winner(run, gpu, *, top_k, rounds, worker=None):
+        spec = run.spec
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
         set_winner(study, load_space(spec.family), spec.problem)
         return study
 
     monkeypatch.setattr(tuner.run, "gpu_infos", lambda gpus: [dict(H200_INFO) for _ in gpus])
-    monkeypatch.setattr(tuner.run, "run_on_gpu", run_on_gpu)
-    monkeypatch.setattr(tuner.run, "Worker", NoWorker)
-    monkeypatch.setattr(tuner.run, "retime_winner", retime_winner)
+    monkeypatch.setattr(tuner.run._run, "run_on_gpu", run_on_gpu)
+    monkeypatch.setattr(tuner.run._run, "Worker", NoWorker)
+    monkeypatch.setattr(tuner.run._run, "retime_winner", retime_winner)
     return runs
 
 
@@ -244,7 +246,7 @@ def test_tune_suite_errors(tmp_path, fake_gpu_run, capsys):
 
 
 def test_a_new_study_of_a_suite_starts_from_the_winners_of_tuned_shapes(tmp_path, fake_gpu_run):
-    from tuner.study import _meta as st
+    from tuner import study as st
 
     url = f"sqlite:///{tmp_path}/suite.db"
     path = write(tmp_path, f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\n'

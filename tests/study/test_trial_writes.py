@@ -1,5 +1,7 @@
-"""tuner.trial_writes: the loop's own trial writes store exactly what Optuna's calls store, on SQLite, on
-PostgreSQL and (through Optuna's calls) in memory; tuner.storage.reading: reads that take no write lock."""
+"""tuner.study's trial writes: the loop's own trial writes store exactly what Optuna's calls store, on SQLite,
+on PostgreSQL and (through Optuna's calls) in memory and on a plain Optuna RDB storage, each in one short
+transaction on flashtune's storage; the accessors of what Optuna keeps private; reading: reads that take no
+write lock."""
 
 from __future__ import annotations
 
@@ -17,16 +19,21 @@ from tests.conftest import fast_dir
 from tests.study.test_storage_contract import _drop_pg_database, _new_pg_database
 from tuner.study import OWNER, this_process
 from tuner.search import distributions
-from tuner.study import open_storage, reading
+from tuner.study import FlashtuneStorage, open_storage, pop_waiting_trial_id, reading, study_storage, trial_id_of
 from tuner.study import TrialRef, create_running_trial, finish_trial
+from tuner.study._optuna_storage import flashtune_storage
 
-MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory"]
+MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory", "plain-rdb"]
 
 
 @pytest.fixture(params=MODES)
 def storage(request):
     if request.param == "memory":
         yield optuna.storages.InMemoryStorage()
+        return
+    if request.param == "plain-rdb":  # not flashtune's storage: Optuna's public calls
+        with fast_dir() as directory:
+            yield optuna.storages.RDBStorage(f"sqlite:///{directory}/studies.db")
         return
     if request.param == "sqlite":
         with fast_dir() as directory:
@@ -141,3 +148,50 @@ def test_reads_inside_reading_do_not_wait_for_a_writer():
         finally:
             writer.execute("ROLLBACK")
             writer.close()
+
+
+def _statements(storage: FlashtuneStorage) -> list[str]:
+    """The SQL statements ``storage`` sends from now on (appended as they go)."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+    event.listen(storage.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
+    return sent
+
+
+def test_on_flashtune_s_storage_a_trial_is_created_and_finished_in_a_few_statements(toy_space):
+    """Optuna's calls took ~40 statements to create a trial of 13 knobs: here each write is one transaction
+    of a handful, however many knobs."""
+    with fast_dir() as directory:
+        storage = open_storage(f"sqlite:///{directory}/s.db")
+        study = _study(storage)
+        dists = distributions(toy_space)
+        sent = _statements(storage)
+        trial = create_running_trial(study, toy_space.defaults(), dists, user_attrs={"exploration": True},
+                                     system_attrs={OWNER: this_process()})
+        assert len(dists) >= 4 and len(sent) <= 9, sent
+        sent.clear()
+        assert finish_trial(study, trial, state=TrialState.COMPLETE, value=1.0, user_attrs={"status": "ok"})
+        assert len(sent) <= 7, sent
+        assert _reread(study, trial).value == 1.0
+
+
+def test_the_study_s_storage_is_found_behind_optuna_s_caching_wrapper_and_only_flashtune_s_is_taken(tmp_path):
+    ours = open_storage(f"sqlite:///{tmp_path}/ours.db")
+    study = _study(ours)
+    assert study_storage(study) is not ours  # Optuna wraps an RDB storage in its cache ...
+    assert flashtune_storage(study_storage(study)) is ours and flashtune_storage(ours) is ours  # ... unwrapped
+    assert flashtune_storage(optuna.storages.InMemoryStorage()) is None
+    plain = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/plain.db")
+    assert flashtune_storage(plain) is None and flashtune_storage(study_storage(_study(plain))) is None
+
+
+def test_a_trial_s_id_and_the_next_waiting_trial_come_from_the_study(storage, toy_space):
+    study = _study(storage)
+    asked = study.ask()
+    assert trial_id_of(asked) == trial_id_of(study_storage(study).get_trial(trial_id_of(asked)))
+    assert pop_waiting_trial_id(study) is None  # nothing enqueued
+    study.enqueue_trial(toy_space.defaults())
+    waiting = pop_waiting_trial_id(study)
+    assert waiting is not None and study_storage(study).get_trial(waiting).state == TrialState.RUNNING
+    assert pop_waiting_trial_id(study) is None  # taken once

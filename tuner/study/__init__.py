@@ -1,10 +1,54 @@
-"""TODO tuner.study."""
+"""Flashtune's Optuna studies: where tuning results are stored, and how they are read back.
 
-from ._heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, OWNER, REQUEUE_COUNT, owner_alive, recover_stale, requeue_stale, this_process
-from ._meta import ChosenConfig, DUPLICATE_OF, IS_DEFAULT, MEASUREMENT, RESOURCES, STATUS, StudyError, StudyMeta, TrialStatus, choose, describe, load_flashtune_study, open_study, winner
+- Storage: :func:`open_storage` opens a SQLAlchemy URL (default :data:`DEFAULT_STORAGE`) as a
+  :class:`FlashtuneStorage`, after checking it is an Optuna database or a place to create one;
+  :func:`retrying` rides out an unreachable database; :func:`mask_url` and :func:`redact` keep
+  passwords out of every message.
+- Studies: :func:`open_study` creates a study with its metadata (family, problem, GPU, space digest)
+  or resumes one made for the same; :class:`StudyMeta` reads that metadata back, :func:`choose` the
+  config a study may serve. The keys of every study and trial attribute are the constants here.
+- Trials: the tuning loop creates and finishes trials in one short transaction each
+  (:func:`create_running_trial`, :func:`finish`); :class:`Heartbeat` beats for the trials a process
+  holds, and :func:`recover_stale` fails those whose process died and enqueues their configs again.
+- Suites: :func:`load_suite` reads a TOML file naming the problems of one family to tune.
+
+Optuna's private storage names are used in one module only (``_optuna_storage``); other code reaches
+a study's storage and a trial's id through :func:`study_storage` and :func:`trial_id_of`.
+"""
+
+from ._attributes import (COMPILE, CONFIG_KEY, DUPLICATE_OF, EXPLORATION, FAMILY, GPU, IS_DEFAULT, MADE_BY,
+                          MEASUREMENT, OWNER, PROBLEM, REASON, REQUEUE_COUNT, REQUEUE_REASON, REQUEUED_FROM,
+                          RESOURCES, RUN, SPACE_DIGEST, STATUS, THROUGHPUT_PREFIX, WARM_START, WINNER)
+from ._heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, owner_alive, recover_stale, requeue_stale, this_process
+from ._meta import (ChosenConfig, NotFlashtuneError, StaleSpaceError, StudyError, StudyInfo, StudyMeta, TrialStatus,
+                    choose, default_study_name, default_trial, describe, is_evaluated, load_flashtune_study,
+                    open_study, space_digest, study_problem, winner)
+from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
-from ._storage import DEFAULT_STORAGE, StorageError, check_storage, error_reason, mask_url, open_storage, reading, redact, retrying
-from ._suite import Suite, SuiteError, describe_problem, is_finished, load_suite, select_studies, suite_storage, suite_studies
+from ._secrets import mask_url, redact
+from ._storage import DEFAULT_STORAGE, StorageError, check_storage, error_reason, open_storage, reading, retrying
+from ._suite import (Suite, SuiteError, SuiteStudy, describe_problem, is_finished, load_suite, select_studies,
+                     suite_storage, suite_studies)
 from ._trial_writes import TrialRef, create_running_trial, finish_trial
 
-__all__ = ['ChosenConfig', 'DEFAULT_STORAGE', 'DUPLICATE_OF', 'HEARTBEAT_INTERVAL_S', 'Heartbeat', 'IS_DEFAULT', 'MEASUREMENT', 'OWNER', 'REQUEUE_COUNT', 'RESOURCES', 'STATUS', 'StorageError', 'StudyError', 'StudyMeta', 'Suite', 'SuiteError', 'TrialRef', 'TrialStatus', 'check_storage', 'choose', 'create_running_trial', 'describe', 'describe_problem', 'error_reason', 'finish', 'finish_duplicate', 'finish_trial', 'finished', 'is_finished', 'load_flashtune_study', 'load_suite', 'mask_url', 'open_storage', 'open_study', 'owner_alive', 'reading', 'recover_stale', 'redact', 'requeue_stale', 'retrying', 'select_studies', 'stop_cleanly', 'suite_storage', 'suite_studies', 'this_process', 'winner']
+__all__ = [
+    # attribute keys
+    "COMPILE", "CONFIG_KEY", "DUPLICATE_OF", "EXPLORATION", "FAMILY", "GPU", "IS_DEFAULT", "MADE_BY", "MEASUREMENT",
+    "OWNER", "PROBLEM", "REASON", "REQUEUED_FROM", "REQUEUE_COUNT", "REQUEUE_REASON", "RESOURCES", "RUN",
+    "SPACE_DIGEST", "STATUS", "THROUGHPUT_PREFIX", "WARM_START", "WINNER",
+    # storage
+    "DEFAULT_STORAGE", "FlashtuneStorage", "StorageError", "check_storage", "error_reason", "mask_url",
+    "open_storage", "reading", "redact", "retrying",
+    # what Optuna keeps private
+    "pop_waiting_trial_id", "study_storage", "trial_id_of",
+    # studies
+    "ChosenConfig", "NotFlashtuneError", "StaleSpaceError", "StudyError", "StudyInfo", "StudyMeta", "TrialStatus",
+    "choose", "default_study_name", "default_trial", "describe", "is_evaluated", "load_flashtune_study",
+    "open_study", "space_digest", "study_problem", "winner",
+    # trials
+    "HEARTBEAT_INTERVAL_S", "Heartbeat", "TrialRef", "create_running_trial", "finish", "finish_duplicate",
+    "finish_trial", "finished", "owner_alive", "recover_stale", "requeue_stale", "stop_cleanly", "this_process",
+    # suites
+    "Suite", "SuiteError", "SuiteStudy", "describe_problem", "is_finished", "load_suite", "select_studies",
+    "suite_storage", "suite_studies",
+]

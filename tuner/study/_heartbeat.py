@@ -30,10 +30,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ._meta import EXPLORATION, IS_DEFAULT, REASON, STATUS, StudyError, StudyMeta, TrialStatus
+from ._attributes import EXPLORATION, IS_DEFAULT, OWNER, REASON, REQUEUE_COUNT, REQUEUE_REASON, REQUEUED_FROM, STATUS
+from ._meta import StudyError, StudyMeta, TrialStatus
+from ._optuna_storage import enqueued_config, flashtune_storage, study_id_of, study_storage, trial_id_of
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S", "MAX_REQUEUES", "OWNER", "Heartbeat", "owner_alive",
-           "recover_stale", "requeue_stale", "this_process"]
+__all__ = ["HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S", "MAX_REQUEUES", "Heartbeat", "owner_alive", "recover_stale",
+           "requeue_stale", "this_process"]
 
 
 def _seconds_from_env(name: str, default: int) -> int:
@@ -62,11 +64,6 @@ ORPHAN_AFTER_S = 2 * GRACE_PERIOD_S
 #: a trial whose owner is alive on this host but has stopped beating (its tuning loop ended without
 #: storing it) is failed only after this long
 LIVE_OWNER_GRACE_S = max(10 * GRACE_PERIOD_S, 600)
-
-REQUEUED_FROM = "requeued_from"
-REQUEUE_COUNT = "requeue_count"
-REQUEUE_REASON = "requeue_reason"
-OWNER = "flashtune_owner"  # trial system attribute: {"host", "boot_id", "pid", "started"} of the holding process
 
 
 # -- who holds a trial -------------------------------------------------------------------------
@@ -116,7 +113,7 @@ def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     count = trial.user_attrs.get(REQUEUE_COUNT, 0)
     count = count if isinstance(count, int) and not isinstance(count, bool) else MAX_REQUEUES
     # an enqueued config (the default, say) is known even when its worker died while drawing it
-    params = trial.params if _all_knobs_drawn(study, trial.params) else trial.system_attrs.get("fixed_params")
+    params = trial.params if _all_knobs_drawn(study, trial.params) else enqueued_config(trial)
     if count >= MAX_REQUEUES or not params or not _all_knobs_drawn(study, params):
         return  # a config that keeps killing its worker, or a sampled trial cut short while drawing: the sampler goes on
     study.enqueue_trial(dict(params), user_attrs={
@@ -145,38 +142,13 @@ def _may_fail(trial: FrozenTrial, silent_for_s: float | None) -> bool:
 
 def _fail(study: optuna.Study, trial: FrozenTrial, attrs: dict[str, str]) -> bool:
     """Fail a RUNNING trial; False when another process finished it first."""
-    storage = study._storage
+    storage = study_storage(study)
     try:
         for key, value in attrs.items():
-            storage.set_trial_user_attr(trial._trial_id, key, value)
-        return bool(storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL))
+            storage.set_trial_user_attr(trial_id_of(trial), key, value)
+        return bool(storage.set_trial_state_values(trial_id_of(trial), state=TrialState.FAIL))
     except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError):
         return False  # its owner stored it, or another tuner failed it first
-
-
-def _beats(storage: Any, study_id: int) -> tuple[dict[int, datetime], datetime] | None:
-    """Every RUNNING trial's last beat and the database's clock now, read in one transaction (RDB storage)."""
-    rdb = getattr(storage, "_backend", storage)  # the study's storage may be Optuna's caching wrapper
-    session_factory = getattr(rdb, "scoped_session", None)
-    if session_factory is None:
-        return None
-    import sqlalchemy
-    from optuna.storages._rdb import models
-
-    session = session_factory()
-    try:
-        now = session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)
-        rows = (session.query(models.TrialHeartbeatModel.trial_id, models.TrialHeartbeatModel.heartbeat)
-                .join(models.TrialModel, models.TrialModel.trial_id == models.TrialHeartbeatModel.trial_id)
-                .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.RUNNING)
-                .all())
-        session.commit()
-    except Exception:
-        session.rollback()
-        raise
-    finally:
-        session.close()
-    return {trial_id: beat.replace(tzinfo=None) for trial_id, beat in rows}, now
 
 
 def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> int:
@@ -188,21 +160,22 @@ def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> i
       once older than :data:`ORPHAN_AFTER_S`: failed as orphaned.
 
     A trial whose owner is alive on this host is left alone (see :data:`LIVE_OWNER_GRACE_S`), and a
-    trial that another tuner finished or failed first is skipped, never an error.
+    trial that another tuner finished or failed first is skipped, never an error. A storage that is not
+    flashtune's (:func:`tuner.study.open_storage` opens one) gets Optuna's own stale-trial check instead.
     """
-    storage = study._storage
-    read = _beats(storage, study._study_id)
-    if read is None:  # not an RDB storage: Optuna's own check
+    storage = study_storage(study)
+    ours = flashtune_storage(storage)
+    if ours is None:  # not flashtune's storage: Optuna's own check
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
         return 0
-    beats, now = read
+    beats, now = ours.running_trial_beats(study_id_of(study))
     callback = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     cutoff = datetime.now() - timedelta(seconds=ORPHAN_AFTER_S)
     failed = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = beats.get(t._trial_id)
+        beat = beats.get(trial_id_of(t))
         if beat is not None:
             silent_s = (now - beat).total_seconds()
             if silent_s <= GRACE_PERIOD_S or not _may_fail(t, silent_s):
@@ -210,7 +183,7 @@ def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> i
             if _fail(study, t, {}):
                 failed += 1
                 if callback is not None:
-                    callback(study, copy.deepcopy(storage.get_trial(t._trial_id)))
+                    callback(study, copy.deepcopy(storage.get_trial(trial_id_of(t))))
             continue
         drawn = bool(t.params) and set(knobs) <= set(t.params)
         too_young = t.datetime_start is None or t.datetime_start >= cutoff
@@ -249,7 +222,7 @@ class Heartbeat:
     def hold(self, trial_id: int, *, recorded: bool = False) -> None:
         """Start beating for a trial: record this process as its owner and beat once now, so a death right
         after ask is still noticed and a live owner is never taken for a dead one. ``recorded``: the
-        trial was created with its owner and first beat (:func:`tuner.trial_writes.create_running_trial`)."""
+        trial was created with its owner and first beat (:func:`tuner.study.create_running_trial`)."""
         with self._lock:
             self._held.add(trial_id)
         if not self.enabled or recorded:

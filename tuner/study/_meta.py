@@ -1,24 +1,13 @@
 """Optuna studies for flashtune: naming, the metadata a study carries, resuming safely, reading results.
 
-Study user attributes (set once, at creation; ``flashtune`` last, so a study that has it is complete):
-    ``family``     kernel family name
-    ``problem``    :class:`~tuner.problem.Problem` as a dict
-    ``gpu``        what the GPU worker reported (name, arch, driver, clocks, ...)
-    ``space_digest`` hash of the space file's knob declarations
-    ``flashtune``  {"version", "schema"}          the tuner that created the study
-Later:
-    ``run``        how the study is tuned (sampler, seed, trial target)
-    ``winner``     the re-timed best config (see :mod:`tuner.retime`)
-
-They are read in one place, :meth:`StudyMeta.read`; whether a study may serve a config (made by
-flashtune, still valid for today's space file, a successful trial) is decided in one place,
-:func:`choose`. Trial user attributes are named by the constants below; a trial's outcome is a
-:class:`TrialStatus`.
+A study's attributes (their keys: :mod:`tuner.study._attributes`) are read in one place,
+:meth:`StudyMeta.read`; whether a study may serve a config (made by flashtune, still valid for
+today's space file, a successful trial) is decided in one place, :func:`choose`. A trial's
+outcome is a :class:`TrialStatus`.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import math
@@ -34,9 +23,13 @@ from optuna.trial import FrozenTrial, TrialState
 from .._version import __version__
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
+from ..outcome import Status
 from ..problem import Problem, ProblemError
 from ..space import Config, ConfigError, Space, SpaceError, config_key, load_space
 from ..text import printable
+from ._attributes import (DUPLICATE_OF, FAMILY, GPU, IS_DEFAULT, MADE_BY, MEASUREMENT, PROBLEM, RUN, SPACE_DIGEST,
+                          STATUS, WINNER)
+from ._secrets import mask_url
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -49,7 +42,9 @@ __all__ = [
     "TrialStatus",
     "choose",
     "default_study_name",
+    "default_trial",
     "describe",
+    "finished_by_config",
     "is_evaluated",
     "load_flashtune_study",
     "open_study",
@@ -60,31 +55,6 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 
-# study user attributes
-MADE_BY = "flashtune"
-FAMILY = "family"
-PROBLEM = "problem"
-GPU = "gpu"
-SPACE_DIGEST = "space_digest"
-RUN = "run"
-WINNER = "winner"
-
-# trial user attributes
-STATUS = "status"  # a TrialStatus
-REASON = "reason"  # one line for people
-IS_DEFAULT = "is_default"
-CONFIG_KEY = "config_key"
-RESOURCES = "resources"  # ptxas: registers, spills, stack, static smem
-MEASUREMENT = "measurement"  # latency_ms, spread, reps, tflops, rel_error, lse_error
-COMPILE = "compile"  # seconds, cached, arch
-DUPLICATE_OF = "duplicate_of"
-EXPLORATION = "exploration"  # drawn at random by the tuner because the search had no config to offer
-
-WARM_START = "warm_start"  # trial: the study whose winner it was enqueued from; study: those studies (once)
-
-# study user attributes written by each tuning run: ``throughput:<host>:<pid>:<start>`` -> tuner.tune.RunStats
-THROUGHPUT_PREFIX = "throughput:"
-
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # how long a racing tuner waits for the creator to finish writing a new study's attributes: while it has some
 # of them (flashtune's creation is under way), and while it has none at all (it may have just begun)
@@ -92,32 +62,9 @@ _META_WAIT_S = 15.0
 _EMPTY_WAIT_S = 2.0
 
 
-class TrialStatus(enum.StrEnum):
-    """What became of a trial, stored as its ``status`` user attribute (the strings are the stored values)."""
-
-    OK = "ok"
-    INFEASIBLE = "infeasible"  # refused by the space's static check: never compiled, not counted
-    COMPILE_ERROR = "compile_error"
-    COMPILE_TIMEOUT = "compile_timeout"
-    WRONG_RESULT = "wrong_result"  # tuner.jobs.Status from here ...
-    LAUNCH_ERROR = "launch_error"
-    TIMEOUT = "timeout"
-    CRASHED = "crashed"  # ... to here
-    INTERRUPTED = "interrupted"  # the tuner stopped before the trial finished (FAIL; its config enqueued again)
-    ORPHANED = "orphaned"  # its tuner died while asking for its parameters (FAIL)
-
-    @classmethod
-    def of(cls, trial: FrozenTrial) -> TrialStatus | None:
-        """The trial's status; None when it has none (still running, or not a flashtune trial) or an unknown one."""
-        try:
-            return cls(trial.user_attrs.get(STATUS))
-        except ValueError:
-            return None
-
-    @property
-    def evaluated(self) -> bool:
-        """Past the static check: the trial was compiled (and measured), so it counts against the budget."""
-        return self is not TrialStatus.INFEASIBLE
+#: What became of a trial, stored as its ``status`` user attribute: the one outcome vocabulary of compile,
+#: GPU worker, tuning loop and storage (:class:`tuner.outcome.Status`; ``TrialStatus.of(trial)`` reads it).
+TrialStatus = Status
 
 
 #: statuses of trials that were refused or failed (every status but ok, interrupted and orphaned)
@@ -400,8 +347,6 @@ class ChosenConfig:
 
 def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storage_url: str) -> optuna.Study:
     """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's."""
-    from ._storage import mask_url
-
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:

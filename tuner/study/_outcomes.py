@@ -10,10 +10,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .. import study as st
-from ._heartbeat import REQUEUE_COUNT, REQUEUE_REASON, REQUEUED_FROM
 from ..space import Config, config_key
+from ._attributes import (CONFIG_KEY, DUPLICATE_OF, EXPLORATION, IS_DEFAULT, REASON, REQUEUE_COUNT, REQUEUE_REASON,
+                          REQUEUED_FROM, STATUS)
 from ._meta import TrialStatus
+from ._optuna_storage import enqueued_config, study_storage
 from ._trial_writes import TrialRef, finish_trial
 
 __all__ = ["finish", "finish_duplicate", "finished", "outcome_attrs", "stop_cleanly"]
@@ -21,11 +22,11 @@ __all__ = ["finish", "finish_duplicate", "finished", "outcome_attrs", "stop_clea
 
 def outcome_attrs(config: Config | None, status: str, reason: str, attrs: dict[str, Any] | None) -> dict[str, Any]:
     """The user attributes of an outcome (``config`` None: a trial stopped before its config was drawn)."""
-    out = {st.STATUS: status, **(attrs or {})}
+    out = {STATUS: status, **(attrs or {})}
     if config is not None:
-        out[st.CONFIG_KEY] = config_key(config)
+        out[CONFIG_KEY] = config_key(config)
     if reason:
-        out[st.REASON] = reason[:1000]
+        out[REASON] = reason[:1000]
     return out
 
 
@@ -55,7 +56,7 @@ def finish(study: optuna.Study, trial: TrialRef, storage_call: Callable[..., Any
     def store() -> FrozenTrial:
         if finish_trial(study, trial, state=outcome.state, value=value, user_attrs=outcome.user_attrs):
             return outcome
-        return study._storage.get_trial(trial.trial_id)
+        return study_storage(study).get_trial(trial.trial_id)
 
     return storage_call(store, what=f"storing trial {trial.number}")
 
@@ -63,14 +64,14 @@ def finish(study: optuna.Study, trial: TrialRef, storage_call: Callable[..., Any
 def finish_duplicate(study: optuna.Study, trial: TrialRef, original: FrozenTrial, storage_call: Callable[..., Any],
                      dists: dict[str, Any]) -> FrozenTrial:
     """An enqueued config was evaluated already: give it the same outcome without measuring again."""
-    attrs = {st.DUPLICATE_OF: original.number}
-    status = original.user_attrs.get(st.STATUS, TrialStatus.OK)
+    attrs = {DUPLICATE_OF: original.number}
+    status = original.user_attrs.get(STATUS, TrialStatus.OK)
     config = dict(original.params)
     if original.state == TrialState.COMPLETE:
         return finish(study, trial, storage_call, config=config, dists=dists, status=status, attrs=attrs,
                       value=original.value)
     return finish(study, trial, storage_call, config=config, dists=dists, status=status,
-                  reason=original.user_attrs.get(st.REASON, ""), attrs=attrs)
+                  reason=original.user_attrs.get(REASON, ""), attrs=attrs)
 
 
 def stop_cleanly(study: optuna.Study, held: list[tuple[TrialRef, Config | None, bool]],
@@ -83,7 +84,7 @@ def stop_cleanly(study: optuna.Study, held: list[tuple[TrialRef, Config | None, 
     for trial, config, requeue in held:
         try:
             if requeue and config is None:
-                config = study._storage.get_trial(trial.trial_id).system_attrs.get("fixed_params")
+                config = enqueued_config(study_storage(study).get_trial(trial.trial_id))
             frozen = finish(study, trial, storage_call, config=None, dists=dists, status=TrialStatus.INTERRUPTED,
                             reason="the tuner stopped", state=TrialState.FAIL)
             if requeue and config is not None and TrialStatus.of(frozen) is TrialStatus.INTERRUPTED:
@@ -97,8 +98,8 @@ def _requeue_interrupted(study: optuna.Study, trial: TrialRef, config: Config) -
     """Enqueue the config of a trial the tuner stopped before measuring, keeping its role (the
     default config stays the default, so the study still shows its speedup over it) and its count
     of re-enqueues after lost workers (so a config that keeps killing them still runs out)."""
-    stored = study._storage.get_trial(trial.trial_id).user_attrs
-    kept = {k: v for k, v in stored.items() if k in (st.IS_DEFAULT, st.EXPLORATION, REQUEUE_COUNT)}
+    stored = study_storage(study).get_trial(trial.trial_id).user_attrs
+    kept = {k: v for k, v in stored.items() if k in (IS_DEFAULT, EXPLORATION, REQUEUE_COUNT)}
     study.enqueue_trial(dict(config), user_attrs={
         REQUEUED_FROM: trial.number, REQUEUE_REASON: f"trial {trial.number} was interrupted", **kept,
     }, skip_if_exists=False)

@@ -1,8 +1,9 @@
-"""Study storage: SQLAlchemy URLs, the default SQLite file, safe display, clear failures.
+"""Study storage: SQLAlchemy URLs, the default SQLite file, checks before anything is written, clear
+failures, and retries while a database is unreachable.
 
-Passwords never reach a message: :func:`mask_url` hides them without trusting the URL to
-parse, and every URL that passes through here leaves its secrets with :func:`redact`, which
-the command line applies to every line it prints on failure.
+:func:`open_storage` opens a :class:`~tuner.study.FlashtuneStorage` with heartbeats on; every URL
+that passes through here leaves its passwords with :mod:`tuner.study`'s redaction, so no message
+shows them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import contextvars
 import os
 import random
-import re
 import sqlite3
 import stat
 import sys
@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 import optuna
 from sqlalchemy import create_engine, event, inspect
@@ -31,103 +30,23 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from ..errors import FlashtuneError
 from ..text import printable
+from ._heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, requeue_stale
+from ._optuna_storage import FlashtuneStorage
+from ._secrets import mask_text, mask_url, redact, remember_secrets
 
 __all__ = ["DEFAULT_STORAGE", "StaleTrialCallback", "StorageError", "check_storage", "error_reason", "is_transient",
-           "mask_url", "open_storage", "reading", "redact", "retrying"]
+           "open_storage", "reading", "retrying"]
 
 T = TypeVar("T")
 
 DEFAULT_STORAGE = "sqlite:///studies/flashtune.db"
 
-#: what a storage calls for a RUNNING trial that it has just failed as stale (see :mod:`tuner.heartbeat`)
+#: what a storage calls for a RUNNING trial that it has just failed as stale (see :func:`tuner.study.recover_stale`)
 StaleTrialCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 
 
 class StorageError(FlashtuneError, RuntimeError):
     """The storage URL is malformed, unreachable, or points at something that is not an Optuna database."""
-
-
-# -- secrets -----------------------------------------------------------------------------------
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://(.*)", re.S)
-_SECRET_QUERY = re.compile(r"([?&;](?:password|passfile|sslpassword)=)([^&;#]*)", re.I)
-_SECRETS: set[str] = set()  # every password seen in a storage URL by this process (for redact)
-
-
-def _userinfo_secret(scheme: str | None, rest: str) -> tuple[str, str] | None:
-    """(text before the secret, the secret) of ``user:secret@host...``; the secret runs to the last ``@``,
-    so an unescaped ``@`` in a password does not leave its tail in view."""
-    at = rest.rfind("@")
-    if at < 0:
-        return None
-    userinfo = rest[:at]
-    if ":" not in userinfo or (scheme is not None and scheme.lower().startswith("sqlite") and userinfo.startswith("/")):
-        return None
-    user, _, secret = userinfo.partition(":")
-    return user, secret
-
-
-def _secrets_of(url: str) -> set[str]:
-    """Every form a password of ``url`` may take in a message: as written, percent-decoded, as SQLAlchemy parsed it."""
-    found: set[str] = set()
-    m = _SCHEME.fullmatch(url)
-    pair = _userinfo_secret(m.group(1) if m else None, m.group(2) if m else url)
-    if pair:
-        found.add(pair[1])
-        found.update(pair[1].split("@"))  # a driver may quote the tail it took for the host name
-    found.update(v for _, v in _SECRET_QUERY.findall(url))
-    try:
-        parsed = make_url(url)
-        if parsed.password:
-            found.add(str(parsed.password))
-        found.update(str(v) for k, v in parsed.query.items() if k.lower() in ("password", "passfile", "sslpassword"))
-    except Exception:  # noqa: BLE001 - an unparsable URL still had its secrets found above
-        pass
-    found |= {unquote(s) for s in found}
-    return {s for s in found if s}
-
-
-def _remember_secrets(url: str) -> None:
-    _SECRETS.update(_secrets_of(url))
-
-
-def redact(text: str, *urls: str) -> str:
-    """``text`` with every password of ``urls`` and of every storage URL seen so far replaced by ``***``."""
-    for url in urls:
-        _remember_secrets(url)
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        if len(secret) >= 3 or any(secret in u for u in urls):  # a one-letter password would garble the text
-            text = text.replace(secret, "***")
-    return text
-
-
-def _mask_text(text: str) -> str:
-    """Any text that may hold a URL, with ``user:secret@`` (up to the last ``@``) and ``?password=`` masked;
-    needs no parsing, so a URL that SQLAlchemy refuses is masked too."""
-    m = _SCHEME.fullmatch(text)
-    scheme, rest = (m.group(1), m.group(2)) if m else (None, text)
-    pair = _userinfo_secret(scheme, rest)
-    if pair:
-        rest = f"{pair[0]}:***{rest[rest.rfind('@'):]}"
-    text = f"{scheme}://{rest}" if scheme is not None else rest
-    return printable(_SECRET_QUERY.sub(r"\1***", text), limit=300)
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password (``user:pw@``, ``?password=pw``) replaced by ``***``, for logs, reports
-    and headers; ``<unparsable storage URL>`` for text that is no URL."""
-    text = str(url)
-    _remember_secrets(text)
-    try:
-        parsed = make_url(text)
-        secret = {k: "***" for k in parsed.query if k.lower() in ("password", "passfile", "sslpassword")}
-        shown = parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a port that is no number), ...
-        return "<unparsable storage URL>"
-    m = _SCHEME.fullmatch(text)
-    pair = _userinfo_secret(m.group(1), m.group(2)) if m else None
-    if pair and "@" in pair[1]:  # an unescaped "@" in the password: SQLAlchemy took its tail for the host
-        return _mask_text(text)
-    return printable(shown, limit=300)
 
 
 # -- reasons -----------------------------------------------------------------------------------
@@ -169,9 +88,8 @@ def is_transient(e: BaseException) -> bool:
 
 # -- SQLite files ------------------------------------------------------------------------------
 def _optuna_tables() -> frozenset[str]:
-    from optuna.storages._rdb import models
-
-    return frozenset(models.BaseModel.metadata.tables) | {"alembic_version"}
+    """Optuna's tables, and the one its schema migrations keep their version in."""
+    return frozenset(FlashtuneStorage.table_columns()) | {"alembic_version"}
 
 
 _CORE_TABLES = frozenset({"studies", "trials", "version_info"})
@@ -186,12 +104,6 @@ def _sqlite_path(parsed: URL, url: str) -> Path:
         raise StorageError(f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
                            "empty one; give a file, e.g. sqlite:///studies/flashtune.db")
     return Path(database)
-
-
-def _optuna_columns() -> dict[str, frozenset[str]]:
-    from optuna.storages._rdb import models
-
-    return {name: frozenset(c.name for c in table.columns) for name, table in models.BaseModel.metadata.tables.items()}
 
 
 def _sqlite_tables(path: Path) -> dict[str, set[str]]:
@@ -236,7 +148,7 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
     foreign = {t for t in tables - _optuna_tables() if not t.startswith("sqlite_")}
     # Optuna's tables with Optuna's columns but some tables still missing: another tuner is creating the
     # schema right now (it completes it, or this one does); a same-named table of other columns is not Optuna's
-    optuna_columns = _optuna_columns()
+    optuna_columns = FlashtuneStorage.table_columns()
     foreign |= {t for t in tables & optuna_columns.keys() if not optuna_columns[t] <= columns[t]}
     if foreign or (tables and not _CORE_TABLES <= tables and not tables & optuna_columns.keys()):
         listed = ", ".join(printable(t, 40) for t in sorted(foreign or tables)[:5])
@@ -301,12 +213,12 @@ def _parse(url: str | None) -> tuple[str, URL, str]:
     url = DEFAULT_STORAGE if url is None else url
     if not isinstance(url, str) or not url.strip():
         raise StorageError(f"empty storage URL; give e.g. {DEFAULT_STORAGE} or postgresql+psycopg://user:password@host/db")
-    _remember_secrets(url)
+    remember_secrets(url)
     try:
         parsed = make_url(url)
         return url, parsed, parsed.get_backend_name()
     except (ArgumentError, ValueError, TypeError):
-        raise StorageError(f"invalid storage URL {_mask_text(url)!r}; expected e.g. {DEFAULT_STORAGE} or "
+        raise StorageError(f"invalid storage URL {mask_text(url)!r}; expected e.g. {DEFAULT_STORAGE} or "
                            "postgresql+psycopg://user:password@host/db") from None
 
 
@@ -328,12 +240,6 @@ def check_storage(url: str | None) -> None:
         raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
 
 
-def _default_stale_trial_callback() -> StaleTrialCallback:
-    from ._heartbeat import requeue_stale  # the default policy until every caller passes its own
-
-    return requeue_stale
-
-
 def _creation_race(e: BaseException) -> bool:
     """Two processes creating the same new database at once: one loses a CREATE TABLE or an INSERT of
     the schema version; opening again finds what the other one made."""
@@ -344,35 +250,31 @@ def _creation_race(e: BaseException) -> bool:
 
 
 def open_storage(url: str | None = None, *, create: bool = True,
-                 stale_trial_callback: StaleTrialCallback | None = None) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
+                 stale_trial_callback: StaleTrialCallback | None = None) -> FlashtuneStorage:
+    """Flashtune's Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
 
-    Heartbeats are on (see :mod:`tuner.heartbeat`); a trial whose tuner died is failed by whichever
-    tuner notices first, which then calls ``stale_trial_callback`` (default: re-enqueue its config,
-    :func:`tuner.heartbeat.requeue_stale`). Commands that only read (``create=False``) never create
+    Heartbeats are on (see :func:`tuner.study.recover_stale`); a trial whose tuner died is failed by
+    whichever tuner notices first, which then calls ``stale_trial_callback`` (default: re-enqueue its
+    config, :func:`tuner.study.requeue_stale`). Commands that only read (``create=False``) never create
     or change anything: where no study database exists (a new path, an empty file, a server database
     without Optuna's tables) they get a :class:`StorageError` saying so. Opening a new database from
     several processes at once is safe: the one that loses the race to create the tables retries.
     """
-    from ._heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S
-
     url, parsed, backend = _parse(url)
     if backend == "sqlite":
         _check_sqlite_file(_sqlite_path(parsed, url), create=create)
         engine_kwargs: dict = {"connect_args": {"timeout": 60}}  # wait for the write lock (heartbeats, other tuners)
     else:
         engine_kwargs = {"pool_pre_ping": True}
-    callback = stale_trial_callback or _default_stale_trial_callback()
+    callback = stale_trial_callback or requeue_stale
     for attempt in range(1, 7):
         try:
             if not create and backend != "sqlite":
                 _require_schema(url, engine_kwargs)
             with warnings.catch_warnings():  # heartbeats are on on purpose: no "experimental feature" line on stderr
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
-                                                     heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                                                     grace_period=GRACE_PERIOD_S,
-                                                     heartbeat_stale_trial_callback=callback)
+                storage = FlashtuneStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                           grace_period=GRACE_PERIOD_S, heartbeat_stale_trial_callback=callback)
             break
         except StorageError:
             raise
@@ -402,7 +304,7 @@ def _lock_sqlite_at_begin(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         # write-ahead log: a commit appends to the log instead of syncing the database file, and
         # readers do not wait for writers. With synchronous=NORMAL a power cut may lose the last
-        # commits (never corrupts); a crash of the tuner loses nothing. A trial costs 2 commits (tuner.trial_writes).
+        # commits (never corrupts); a crash of the tuner loses nothing. A trial costs 2 commits (FlashtuneStorage).
         dbapi_connection.execute("PRAGMA journal_mode=WAL")
         dbapi_connection.execute("PRAGMA synchronous=NORMAL")
 

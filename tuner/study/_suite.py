@@ -45,9 +45,10 @@ import optuna
 from ..errors import FlashtuneError
 from ..problem import Problem, ProblemError
 from ..space import SpaceError, load_space
-from ._storage import mask_url
-from ._meta import StudyError, StudyMeta
 from ..text import printable
+from ._meta import StudyError, StudyMeta, is_evaluated, winner
+from ._secrets import mask_url
+from ._storage import DEFAULT_STORAGE
 
 __all__ = ["Suite", "SuiteError", "SuiteStudy", "describe_problem", "is_finished", "load_suite", "problem_order",
            "select_studies", "suite_storage", "suite_studies"]
@@ -183,8 +184,6 @@ def _problem(entry: Mapping[str, Any], where: str) -> Problem:
 # -- finding studies -------------------------------------------------------------------------
 def suite_storage(suite: Suite | None, storage_url: str | None) -> str:
     """The storage to use: ``--storage`` when given (not the default), else the suite's, else the default."""
-    from ._storage import DEFAULT_STORAGE
-
     if storage_url and storage_url != DEFAULT_STORAGE:
         return storage_url
     if suite is not None and suite.storage:
@@ -198,15 +197,13 @@ def is_finished(storage: optuna.storages.BaseStorage, name: str, n_trials: int |
     Evaluated trials are counted as the tuning loop counts them against its budget: finished,
     not a static rejection, not a duplicate proposal.
     """
-    from .. import study as st
-
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return False
     try:
-        won = st.winner(study) if st.StudyMeta.read(study).winner else None
-    except (st.StudyError, TypeError, ValueError, KeyError):
+        won = winner(study) if StudyMeta.read(study).winner else None
+    except (StudyError, TypeError, ValueError, KeyError):
         return False  # tuning it again says what is wrong with it
     if not won or won.get("source") != "retimed":  # none yet, or a faster trial came after it: re-time
         return False
@@ -214,7 +211,7 @@ def is_finished(storage: optuna.storages.BaseStorage, name: str, n_trials: int |
         return False
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = study.get_trials(deepcopy=False, states=states)
-    return sum(1 for t in finished if st.is_evaluated(t)) >= n_trials
+    return sum(1 for t in finished if is_evaluated(t)) >= n_trials
 
 
 def _flashtune_studies(storage: optuna.storages.BaseStorage) -> list[StudyMeta]:

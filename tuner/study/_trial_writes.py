@@ -1,26 +1,23 @@
 """The tuning loop's trial writes, one short transaction each: a new RUNNING trial with its knobs,
 attributes, owner and first heartbeat; a measured trial with its attributes, state and value.
 
-Through Optuna's calls, creating a trial with 13 knobs on SQLite took ~25 ms and ~40 statements (a
-lookup and a compatibility query per parameter), recording its owner and first beat two more
-transactions, and ``tell`` read the trial back several times: the loop spent more time there than
-on the GPU, and two tuners on one host queued behind each other for SQLite's one write lock. Here
-the same rows are written (Optuna's own table models, values as Optuna encodes them) in a handful
-of statements. Storages that are not Optuna's RDB storage (the in-memory one of replay and tests)
-go through Optuna's public calls instead.
+On flashtune's storage (:class:`~tuner.study.FlashtuneStorage`, what :func:`tuner.study.open_storage`
+opens) each is one transaction of a handful of statements; any other storage (Optuna's in-memory one
+of replay and tests, a plain RDB storage) gets the same trial through Optuna's public calls.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, distribution_to_json
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
+
+from ._optuna_storage import flashtune_storage, study_id_of, study_storage, trial_id_of
 
 __all__ = ["TrialRef", "create_running_trial", "finish_trial"]
 
@@ -34,18 +31,7 @@ class TrialRef:
 
     @classmethod
     def of(cls, trial: optuna.trial.Trial | FrozenTrial) -> TrialRef:
-        return cls(trial.number, trial._trial_id)
-
-
-def _rdb(study: optuna.Study) -> Any | None:
-    """Optuna's RDB storage behind the study (its storage may be Optuna's caching wrapper), or None."""
-    backend = getattr(study._storage, "_backend", study._storage)
-    return backend if hasattr(backend, "engine") and hasattr(backend, "scoped_session") else None
-
-
-def _utc_now() -> datetime:
-    """Now as Optuna's RDB storage keeps datetimes: naive UTC."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+        return cls(trial.number, trial_id_of(trial))
 
 
 def create_running_trial(study: optuna.Study, params: Mapping[str, Any], dists: Mapping[str, BaseDistribution], *,
@@ -53,40 +39,22 @@ def create_running_trial(study: optuna.Study, params: Mapping[str, Any], dists: 
                          system_attrs: Mapping[str, Any] | None = None) -> TrialRef:
     """A new RUNNING trial holding ``params`` (each with its distribution), with its attributes and, where
     the storage keeps heartbeats, a first beat; numbered as Optuna numbers trials (the count of the
-    study's earlier trials, under a lock on the study's row)."""
+    study's earlier trials)."""
     user_attrs, system_attrs = dict(user_attrs or {}), dict(system_attrs or {})
-    rdb = _rdb(study)
-    if rdb is None:
-        template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, values=None,
-                               datetime_start=datetime.now(), datetime_complete=None, params=dict(params),
-                               distributions=dict(dists), user_attrs=user_attrs, system_attrs=system_attrs,
-                               intermediate_values={}, trial_id=-1)
-        trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
-        return TrialRef(study._storage.get_trial(trial_id).number, trial_id)
-
-    import sqlalchemy as sa
-    from optuna.storages._rdb import models
-
-    trials = models.TrialModel.__table__
-    with rdb.engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE (tuner.storage), the whole database is ours
-        conn.execute(sa.select(models.StudyModel.__table__.c.study_id)
-                     .where(models.StudyModel.__table__.c.study_id == study._study_id).with_for_update())
-        number = conn.execute(sa.select(sa.func.count(trials.c.trial_id))
-                              .where(trials.c.study_id == study._study_id)).scalar_one()
-        trial_id = conn.execute(trials.insert().values(number=number, study_id=study._study_id,
-                                                       state=TrialState.RUNNING, datetime_start=_utc_now())
-                                ).inserted_primary_key[0]
-        conn.execute(models.TrialParamModel.__table__.insert(), [
-            {"trial_id": trial_id, "param_name": name, "param_value": dists[name].to_internal_repr(value),
-             "distribution_json": distribution_to_json(dists[name])} for name, value in params.items()])
-        for model, attrs in ((models.TrialUserAttributeModel, user_attrs),
-                             (models.TrialSystemAttributeModel, system_attrs)):
-            if attrs:
-                conn.execute(model.__table__.insert(), [{"trial_id": trial_id, "key": k, "value_json": json.dumps(v)}
-                                                        for k, v in attrs.items()])
-        if rdb.get_heartbeat_interval():
-            conn.execute(models.TrialHeartbeatModel.__table__.insert().values(trial_id=trial_id))
-    return TrialRef(number, trial_id)
+    storage = study_storage(study)
+    ours = flashtune_storage(storage)
+    if ours is not None:
+        number, new_id = ours.create_running_trial(study_id_of(study), params, dists, user_attrs=user_attrs,
+                                                   system_attrs=system_attrs)
+        return TrialRef(number, new_id)
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, values=None,
+                           datetime_start=datetime.now(), datetime_complete=None, params=dict(params),
+                           distributions=dict(dists), user_attrs=user_attrs, system_attrs=system_attrs,
+                           intermediate_values={}, trial_id=-1)
+    new_id = storage.create_new_trial(study_id_of(study), template_trial=template)
+    if getattr(storage, "get_heartbeat_interval", lambda: None)():
+        storage.record_heartbeat(new_id)  # type: ignore[attr-defined]
+    return TrialRef(storage.get_trial(new_id).number, new_id)
 
 
 def finish_trial(study: optuna.Study, trial: TrialRef, *, state: TrialState, value: float | None = None,
@@ -97,35 +65,14 @@ def finish_trial(study: optuna.Study, trial: TrialRef, *, state: TrialState, val
     if state == TrialState.COMPLETE and value is None:
         raise ValueError("a COMPLETE trial needs its value")
     user_attrs = dict(user_attrs or {})
-    rdb = _rdb(study)
-    if rdb is None:
-        if study._storage.get_trial(trial.trial_id).state != TrialState.RUNNING:
-            return False
-        for key, v in user_attrs.items():
-            study._storage.set_trial_user_attr(trial.trial_id, key, v)
-        study.tell(trial.number, value if state == TrialState.COMPLETE else None,
-                   state=None if state == TrialState.COMPLETE else state)
-        return True
-
-    from optuna.storages._rdb import models
-
-    trials = models.TrialModel.__table__
-    with rdb.engine.begin() as conn:
-        done = conn.execute(trials.update()
-                            .where(trials.c.trial_id == trial.trial_id, trials.c.state == TrialState.RUNNING)
-                            .values(state=state, datetime_complete=_utc_now()))
-        if done.rowcount != 1:
-            return False  # nothing was written: the transaction commits nothing
-        if user_attrs:
-            table = models.TrialUserAttributeModel.__table__
-            conn.execute(table.delete().where(table.c.trial_id == trial.trial_id, table.c.key.in_(list(user_attrs))))
-            conn.execute(table.insert(), [{"trial_id": trial.trial_id, "key": k, "value_json": json.dumps(v)}
-                                          for k, v in user_attrs.items()])
-        if state == TrialState.COMPLETE:
-            stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
-            values = models.TrialValueModel.__table__
-            conn.execute(values.delete().where(values.c.trial_id == trial.trial_id))
-            conn.execute(values.insert().values(trial_id=trial.trial_id, objective=0, value=stored,
-                                                value_type=value_type))
+    storage = study_storage(study)
+    ours = flashtune_storage(storage)
+    if ours is not None:
+        return ours.finish_running_trial(trial.trial_id, state=state, value=value, user_attrs=user_attrs)
+    if storage.get_trial(trial.trial_id).state != TrialState.RUNNING:
+        return False
+    for key, v in user_attrs.items():
+        storage.set_trial_user_attr(trial.trial_id, key, v)
+    study.tell(trial.number, value if state == TrialState.COMPLETE else None,
+               state=None if state == TrialState.COMPLETE else state)
     return True
-
