@@ -6,13 +6,31 @@ from dataclasses import asdict, dataclass
 
 from .errors import FlashtuneError
 
-__all__ = ["DTYPES", "MAX_DIM", "Problem", "ProblemError"]
+__all__ = ["DTYPES", "MAX_DIM", "Dtype", "Problem", "ProblemError"]
 
 #: largest size of any dimension: the kernels take them as 32-bit ``int``
 MAX_DIM = 2**31 - 1
 
-#: dtype name -> bytes per element. Both are 16-bit floats with fp32 accumulation.
-DTYPES = {"fp16": 2, "bf16": 2}
+
+@dataclass(frozen=True, kw_only=True)
+class Dtype:
+    """One element type of the kernels' inputs and output (a 16-bit float; fp32 accumulation), as each
+    library that holds such tensors spells it. NumPy and CuPy have no bfloat16: bf16 is stored as its
+    ``uint16`` bits there."""
+
+    name: str  # flashtune's name, as a problem, a space file and a header give it
+    bytes: int  # per element
+    torch_name: str  # the ``torch`` attribute of the dtype: ``getattr(torch, d.torch_name)``
+    storage: str  # the NumPy/CuPy dtype that holds the elements (the values, or for bf16 their bits)
+    nan_bits: int  # a quiet NaN's 16 bits (outputs are poisoned with it before a check)
+    tma_data_type: int  # CUtensorMapDataType of cuda.h (CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16)
+
+
+#: name -> dtype, in the order of the exported ``enum class DType``
+DTYPES = {d.name: d for d in (
+    Dtype(name="fp16", bytes=2, torch_name="float16", storage="float16", nan_bits=0x7E00, tma_data_type=6),
+    Dtype(name="bf16", bytes=2, torch_name="bfloat16", storage="uint16", nan_bits=0x7FC0, tma_data_type=9),
+)}
 
 
 class ProblemError(FlashtuneError, ValueError):
@@ -55,6 +73,11 @@ class Problem:
 
     @property
     def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype].bytes
+
+    @property
+    def dtype_spec(self) -> Dtype:
+        """The dtype's names in PyTorch, NumPy/CuPy and the CUDA driver (see :data:`DTYPES`)."""
         return DTYPES[self.dtype]
 
     @property

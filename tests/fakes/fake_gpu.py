@@ -1,10 +1,16 @@
-"""A stand-in for ``tuner.gpu.measure`` in the worker process; behaviour chosen by the job's ``tag``.
+"""The test double of the GPU worker's handler (a :class:`tuner.gpu.GpuHandler` that measures nothing).
 
-ok          return a MeasureResult
+A job's ``tag`` picks a fault, for the worker's own tests:
+
 hang        sleep forever (the parent must time out and kill the process)
-crash       os._exit, as a segfaulting driver would
+crash       os._exit(11), as a segfaulting driver would
 cuda_error  raise FakeCudaError, which is_fatal() calls fatal (the child exits after reporting it)
 error       raise ValueError, not fatal: the same process keeps serving
+
+Any other tag measures "ok": latency 1 ms and the stand-in figure of the job's config
+(:func:`tests.fakes.standin_tuner.standin_tflops`), after 20 ms. ``FLASHTUNE_STANDIN_MIXED=1``
+in the environment makes device 1 report another GPU model. :class:`FailingSetup` and
+:class:`ExitingSetup` are workers that cannot start.
 """
 
 from __future__ import annotations
@@ -12,51 +18,85 @@ from __future__ import annotations
 import os
 import time
 
-from tuner.gpu import MeasureJob, MeasureResult
+from tuner.gpu import MeasureJob, MeasureResult, MeasureSettings
+from tuner.problem import Problem
 
-_state = {"device": None, "jobs": 0}
+from .standin_tuner import standin_tflops
+
+__all__ = ["ExitingSetup", "FailingSetup", "FakeCudaError", "FakeGpu"]
 
 
 class FakeCudaError(RuntimeError):
     pass
 
 
-def setup(device: int) -> None:
-    _state["device"] = device
+class FakeGpu:
+    """A CPU stand-in for :class:`tuner.gpu.CupyHandler`, with faults on request and a few calls of its own
+    (``pid``, ``jobs_run``, ``echo``) for the worker's tests."""
+
+    def __init__(self) -> None:
+        self.device: int | None = None
+        self.jobs = 0
+
+    # -- the GpuHandler contract -------------------------------------------------------------------
+    def setup(self, device: int) -> None:
+        self.device = device
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        return isinstance(exc, FakeCudaError)
+
+    def device_info(self) -> dict[str, object]:
+        mixed = os.environ.get("FLASHTUNE_STANDIN_MIXED") == "1" and self.device == 1
+        return {"name": "Other GPU" if mixed else "Stand-in GPU", "arch": 80, "num_sms": 108,
+                "smem_per_block_optin": 166912, "regs_per_sm": 65536, "driver": "0.0", "index": self.device}
+
+    def device_count(self) -> int:
+        return 2
+
+    def prepare(self, problem: Problem, settings: MeasureSettings) -> float:
+        return 0.0
+
+    def run_job(self, job: MeasureJob) -> MeasureResult:
+        self.jobs += 1
+        if job.tag == "hang":
+            while True:
+                time.sleep(60)
+        if job.tag == "crash":
+            os._exit(11)
+        if job.tag == "cuda_error":
+            raise FakeCudaError("an illegal memory access was encountered")
+        if job.tag == "error":
+            raise ValueError("handler refused the job")
+        time.sleep(0.02)
+        return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config), reps=1, spread=0.0)
+
+    def run_peers(self, problem: Problem, settings: MeasureSettings | None) -> list[dict[str, object]]:
+        """Peers with fixed figures: cuDNN 150, FA2 100, efficient refusing, the GEMM 300 TFLOPS."""
+        return [{"name": "sdpa_flash_attention", "latency_ms": 1.0, "tflops": 100.0, "detail": ""},
+                {"name": "sdpa_cudnn_attention", "latency_ms": 1.0, "tflops": 150.0, "detail": ""},
+                {"name": "sdpa_efficient_attention", "latency_ms": None, "tflops": None, "detail": "refused"},
+                {"name": "cublas_gemm_8192", "latency_ms": 1.0, "tflops": 300.0, "detail": "random inputs"}]
+
+    # -- calls of the worker's tests ---------------------------------------------------------------
+    def pid(self) -> int:
+        return os.getpid()
+
+    def jobs_run(self) -> int:
+        return self.jobs
+
+    def echo(self, argument: object) -> object:
+        return argument
 
 
-def is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, FakeCudaError)
+class FailingSetup(FakeGpu):
+    """A handler whose setup fails, as CupyHandler's does on a machine without a GPU."""
+
+    def setup(self, device: int) -> None:
+        raise RuntimeError(f"no CUDA-capable device {device} is detected")
 
 
-def device_info(_: object = None) -> dict[str, object]:
-    return {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
-            "driver": "0.0", "index": _state["device"]}
+class ExitingSetup(FakeGpu):
+    """A handler whose setup kills the process before it can report (a broken driver install)."""
 
-
-def pid(_: object = None) -> int:
-    return os.getpid()
-
-
-def jobs_run(_: object = None) -> int:
-    return _state["jobs"]
-
-
-def echo(argument: object) -> object:
-    return argument
-
-
-def run_job(job: MeasureJob) -> MeasureResult:
-    _state["jobs"] += 1
-    if job.tag == "ok":
-        return MeasureResult(status="ok", latency_ms=1.5, tflops=123.0, reps=10, spread=0.01)
-    if job.tag == "hang":
-        while True:
-            time.sleep(60)
-    if job.tag == "crash":
-        os._exit(11)
-    if job.tag == "cuda_error":
-        raise FakeCudaError("an illegal memory access was encountered")
-    if job.tag == "error":
-        raise ValueError("handler refused the job")
-    raise AssertionError(f"unknown tag {job.tag!r}")
+    def setup(self, device: int) -> None:
+        os._exit(7)

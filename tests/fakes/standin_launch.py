@@ -1,4 +1,4 @@
-"""A stand-in for the GPU under ``tuner.attention``'s cached path (tests/test_attention.py, tests/test_tuned.py).
+"""A stand-in for the GPU under ``tuner.attention``'s cached path (tests/serve/test_attention.py, test_tuned.py).
 
 PyTorch CPU tensors count as tensors of CUDA device 0; the device limits are an H200's
 (nominal table); the compiled kernel function is a fake handle; ``cuLaunchKernel`` records

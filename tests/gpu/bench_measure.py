@@ -13,7 +13,7 @@ The old way, copied here to compare with: new random inputs and the reference of
 head) each job; one launch at a time with a host sync, a 256 MB L2 flush before each, after 25 ms
 of warm-up, launches for 200 ms (10 to 100).
 
-This module is also the worker's handler: ``run_job`` is tuner.gpu.measure's, ``run_job_old`` the old one.
+The worker runs this module's ``run_new_way`` (tuner.gpu.CupyHandler.run_job) and ``run_old_way`` (the old one).
 """
 
 from __future__ import annotations
@@ -27,40 +27,23 @@ import time
 
 import numpy as np
 
-from tuner.gpu import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings
+from tuner.gpu import TOLERANCES, CupyHandler, MeasureJob, MeasureResult, MeasureSettings
 
-HANDLER = "tests.gpu.bench_measure"
 OLD = {"warmup_ms": 25.0, "min_reps": 10, "max_reps": 100, "target_ms": 200.0}
 
 
-# -- the worker's side -------------------------------------------------------------------------------
+# -- the worker's side (the default handler, tuner.gpu.CupyHandler; these functions run in its process) -----
 
-def setup(device: int) -> None:
-    from tuner.gpu._measure import setup as measure_setup
-
-    measure_setup(device)
+def run_new_way(handler: CupyHandler, job: MeasureJob) -> MeasureResult:
+    return handler.run_job(job)
 
 
-def is_fatal(exc: BaseException) -> bool:
-    from tuner.gpu._measure import is_fatal as measure_is_fatal
-
-    return measure_is_fatal(exc)
-
-
-def device_info(_: object = None) -> dict[str, object]:
-    from tuner.gpu._info import gpu_info
-
-    return gpu_info()
-
-
-def run_job(job: MeasureJob) -> MeasureResult:
-    from tuner.gpu._measure import run_job as measure_run_job
-
-    return measure_run_job(job)
+def run_old_way(handler: CupyHandler, job: MeasureJob) -> MeasureResult:
+    return run_job_old(job)
 
 
 def run_job_old(job: MeasureJob) -> MeasureResult:
-    """tuner.gpu.measure.run_job as of 6a12dc0, with the GPU time of its launches summed (events)."""
+    """tuner.gpu.CupyHandler.run_job as of 6a12dc0, with the GPU time of its launches summed (events)."""
     import cupy
 
     from tuner.gpu._inputs import check_rows
@@ -197,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = Problem(batch=args.batch, seqlen_q=args.seqlen, heads_q=args.heads, head_dim=args.head_dim,
                       dtype=args.dtype, causal=args.causal)
     report: dict[str, object] = {"problem": problem.to_dict(), "measurements": [], "summaries": []}
-    with Worker(handler=HANDLER) as worker:
-        info = worker.call("device_info")
+    with Worker() as worker:
+        info = worker.device_info()
         device = DeviceLimits.from_info(info)
         space = load_space(args.family)
         config = space.defaults(problem.head_dim)
@@ -208,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.family} default on {problem.slug()}, {info['name']} (SM clock {clock} MHz)")
         print(f"{'way':<4} {'#':>2} {'wall ms':>9} {'lat ms':>9} {'CI %':>6} {'reps':>5} {'IQR %':>7} "
               f"{'kernel ms':>9} {'job ms':>9} {'busy %':>6}  phases (ms)")
-        for way, function in (("old", "run_job_old"), ("new", "run_job")):
+        for way, function in (("old", run_old_way), ("new", run_new_way)):
             rows = []
             for i in range(args.repeats + 1):
                 t0 = time.perf_counter()

@@ -42,12 +42,11 @@ from pathlib import Path
 os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the cubin cache; workers inherit it
 
 from tuner.devices import DeviceLimits  # noqa: E402
-from tuner.gpu import TOLERANCES  # noqa: E402
+from tuner.gpu import TOLERANCES, CupyHandler  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.space import Space, config_key, load_space  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-HANDLER = "tests.gpu.bench_sm90"  # the module whose functions the GPU worker serves (this one)
 DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 6 minutes)
 NCU_RESERVE_S = 100.0  # kept for the ncu stage while shapes are timed
 TARGET_MS = 30.0  # GPU time per (runnable, round)
@@ -222,26 +221,12 @@ def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> Non
     log(f"compiled: {len(jobs)} distinct, {failed} failed (counted per shape), {spills} spilling (per shape)")
 
 
-# ---- 3. GPU worker side (runs in the tuner.worker child; state kept between calls) ---------------
+# ---- 3. GPU worker side (runs in the tuner.run.Worker child; state kept between calls) ---------------
 _G: dict = {}
 
 
-def setup(device: int) -> None:
-    import cupy
-
-    cupy.cuda.Device(device).use()
-    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))
-
-
-def is_fatal(exc: BaseException) -> bool:
-    """A CUDA error may leave the context unusable: the worker exits and the parent starts another."""
-    from tuner.gpu._measure import is_fatal as cuda_error
-
-    return cuda_error(exc)
-
-
-def device_info(_: object = None) -> dict:
-    from tuner.gpu._info import gpu_info
+def device_info() -> dict:
+    from tuner.gpu import gpu_info
 
     info = gpu_info()
     try:
@@ -256,7 +241,7 @@ def device_info(_: object = None) -> dict:
 
 
 def _reference(problem: Problem, q, k, v, scale: float, seed: int) -> dict:
-    """fp32 O and LSE of the checked rows (tuner.gpu.measure.check_rows), every (batch, head)."""
+    """fp32 O and LSE of the checked rows (tuner.gpu._inputs.check_rows), every (batch, head)."""
     import cupy
     import numpy as np
 
@@ -440,6 +425,33 @@ def time_gemm(_: object = None) -> dict:
     return {"round_ms": rounds, "ms": ms, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12}
 
 
+class Sm90Bench(CupyHandler):
+    """The GPU worker's handler here: tuner.gpu's (setup, is_fatal), the device's info with PyTorch's versions,
+    and this benchmark's calls (the functions above; their state kept in ``_G`` between calls). The parent
+    calls ``worker.call(HANDLER.add_kernel, arg)``: a test substitutes a subclass for HANDLER."""
+
+    def device_info(self) -> dict:
+        return device_info()
+
+    def setup_shape(self, arg: tuple) -> dict:
+        return setup_shape(arg)
+
+    def add_kernel(self, arg: dict) -> dict:
+        return add_kernel(arg)
+
+    def add_peers(self) -> dict:
+        return add_peers()
+
+    def time_round(self, names: list[str]) -> dict:
+        return time_round(names)
+
+    def time_gemm(self) -> dict:
+        return time_gemm()
+
+
+HANDLER: type[Sm90Bench] = Sm90Bench  # the GPU worker's handler
+
+
 # ---- 3. GPU stage, parent side -----------------------------------------------------------------
 def kernel_arg(space: Space, device: DeviceLimits, problem: Problem, entry: dict, check: bool) -> dict:
     geom = space.launch(entry["config"], problem, device)
@@ -468,9 +480,9 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
     problem = plan["problem"]
 
     def set_up(passed: list[dict]) -> None:
-        info = worker.call("setup_shape", (problem.to_dict(), seed), timeout_s=180)
+        info = worker.call(HANDLER.setup_shape, (problem.to_dict(), seed), timeout_s=180)
         for ok in passed:
-            worker.call("add_kernel", kernel_arg(space, device, problem, ok, False), timeout_s=CHECK_TIMEOUT_S)
+            worker.call(HANDLER.add_kernel, kernel_arg(space, device, problem, ok, False), timeout_s=CHECK_TIMEOUT_S)
         if not passed:
             log(f"  inputs and reference ready ({info['reference_s']} s, {info['rows_checked']} rows per head "
                 "checked)")
@@ -489,7 +501,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
             entry.update(status="skipped", detail="out of time")
             continue
         try:
-            result = worker.call("add_kernel", kernel_arg(space, device, problem, entry, True),
+            result = worker.call(HANDLER.add_kernel, kernel_arg(space, device, problem, entry, True),
                                  timeout_s=CHECK_TIMEOUT_S)
         except WorkerError as e:  # the worker may be gone: set the shape up again
             entry.update(status=failure_kind(e), detail=str(e)[:300])
@@ -506,7 +518,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
         else:
             passed.append(entry)
     try:
-        plan["peers"] = worker.call("add_peers", None, timeout_s=120)
+        plan["peers"] = worker.call(HANDLER.add_peers, timeout_s=120)
     except WorkerError as e:
         plan["peers"] = {name: {"failure": f"peers failed: {str(e)[:200]}"} for name in PEERS}
         set_up(passed)
@@ -518,7 +530,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
     for r in range(ROUNDS):
         order = names[r % max(1, len(names)):] + names[: r % max(1, len(names))]  # rotate: no fixed position
         try:
-            got = worker.call("time_round", order, timeout_s=90)
+            got = worker.call(HANDLER.time_round, order, timeout_s=90)
         except WorkerError as e:
             log(f"  timing round {r} failed: {str(e)[:200]}")
             break
@@ -539,7 +551,7 @@ def ncu_subject_run(spec_path: str) -> None:
     import cupy
 
     spec = json.loads(Path(spec_path).read_text())
-    setup(0)
+    CupyHandler().setup(0)
     problem = Problem.from_dict(spec["problem"])
     from tuner.gpu._tensors import random_inputs, storage_dtype
 
@@ -739,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"bench_sm90: {len(plans)} shapes, python {sys.version.split()[0]}, out {out}")
     with Worker(handler=HANDLER, device=0) as worker:
         try:
-            info = worker.call("device_info", None, timeout_s=180)
+            info = worker.device_info(timeout_s=180)
         except WorkerError as e:
             log(f"GPU worker failed to start: {e}")
             return 1
@@ -772,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  best {best['name']} {best['tflops']:.0f} TFLOPS; cuDNN {cudnn and round(cudnn)}")
         if time_left() > (0 if args.no_ncu else 60) + 15:
             try:
-                gemm = worker.call("time_gemm", None, timeout_s=90)
+                gemm = worker.call(HANDLER.time_gemm, timeout_s=90)
                 log(f"cuBLAS 8192^3 fp16 GEMM: {gemm['tflops']:.0f} TFLOPS")
             except WorkerError as e:
                 gemm = {"failure": str(e)[:300]}

@@ -95,7 +95,7 @@ def _gpu_count() -> int:
 
     try:
         with Worker(device=0) as worker:
-            return int(worker.call("device_count", timeout_s=120))
+            return int(worker.device_count(timeout_s=120))
     except WorkerError as e:
         raise SystemExit(f"--scaling: no GPU to count: {e}") from None
 

@@ -84,7 +84,7 @@ def worker():
 
 @pytest.fixture(scope="session")
 def gpu(worker) -> dict:
-    return worker.call("device_info")
+    return worker.device_info()
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import sys
 
-from tuner.cli import _main as cli
+from tuner import cli
+from tuner.cli import _gpus
 
 
 def main(argv: list[str]) -> int:
     lanes = int(argv[0])
     if lanes < 1:
         raise SystemExit("LANES must be at least 1")
-    cli._gpus = lambda text: [0] * lanes  # the one change: --gpus means LANES lanes on GPU 0
+    _gpus.parse = lambda text: [0] * lanes  # the one change: --gpus means LANES lanes on GPU 0
     return cli.main(argv[1:])
 
 

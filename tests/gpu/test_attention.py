@@ -126,7 +126,8 @@ def test_exported_header_config(family, device, tmp_path):
     import cupy
 
     from tests.fake_studies import make_study
-    from tuner.export import choose, render_header
+    from tuner.export import render_header
+    from tuner.study import choose
     from tuner.gpu._tensors import random_inputs
 
     problem = _problem(SHAPES[0], "fp16", True)
@@ -241,7 +242,7 @@ def assert_close_to_reference(o, q, k, v, causal, scale=None) -> None:
 def test_cuda_graph_capture_replays_calls_on_new_inputs(family):
     """Several calls (two shapes, the function and the operator) captured once, replayed on fresh inputs."""
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.serve._torch_op  # noqa: F401
+    tuner.serve.register_torch_op()  # torch.ops.flashtune.attention, and tuner.attention traced as it
 
     space = load_space(family)
     shapes = [s for s in SHAPES if not space.supports(_problem(s, "bf16", True))]
@@ -292,7 +293,7 @@ def test_a_first_call_inside_a_capture_is_refused_and_the_context_survives(famil
 
 def test_torch_compile_fullgraph_gives_the_eager_result(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.serve._torch_op  # noqa: F401
+    tuner.serve.register_torch_op()  # torch.ops.flashtune.attention, and tuner.attention traced as it
 
     q, k, v = (torch.randn(2, 256, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
@@ -308,7 +309,7 @@ def test_torch_compile_fullgraph_gives_the_eager_result(family):
 
 def test_inputs_that_require_grad_are_refused(family):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import tuner.serve._torch_op  # noqa: F401
+    tuner.serve.register_torch_op()  # torch.ops.flashtune.attention, and tuner.attention traced as it
     from tuner.serve import AttentionError
 
     q, k, v = (torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
@@ -342,7 +343,7 @@ def test_config_auto_runs_the_tuned_config_of_the_shape(family, tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     from tests.fake_studies import make_study
     from tuner.export import build_dispatch, render_dispatch_json
-    from tuner.export import choose
+    from tuner.study import choose
     from tuner.serve import load_tuned
 
     problem = _problem(SHAPES[0], "fp16", True)

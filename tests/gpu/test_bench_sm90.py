@@ -1,5 +1,5 @@
 """The CPU side of the device benchmark tests/gpu/bench_sm90.py: its plan, its orchestration of the
-GPU worker (here a fake handler in this module: no GPU, no nvcc), the table and the ncu command."""
+GPU worker (here a fake handler, FakeSm90: no GPU, no nvcc), the table and the ncu command."""
 
 from __future__ import annotations
 
@@ -39,52 +39,47 @@ def test_quick_plan_is_small():
         assert 2 <= len(configs) <= 4
 
 
-# ---- a fake GPU handler (the worker imports this module by name) -----------------------------
-_STATE: dict = {}
+# ---- a fake GPU handler (the worker process makes one) --------------------------------------
+class FakeSm90(bench.Sm90Bench):
+    def setup(self, device):
+        self.runners = set()
 
+    def is_fatal(self, exc):
+        return False
 
-def setup(device):
-    _STATE.clear()
+    def device_info(self):
+        return {"name": "Fake H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448,
+                "smem_per_sm": 233472, "regs_per_sm": 65536, "cupy": "0", "driver": "0", "torch": "0", "cudnn": 0}
 
+    def setup_shape(self, arg):
+        self.runners = set()
+        return {"reference_s": 0.0, "rows_checked": 1}
 
-def device_info(_=None):
-    return {"name": "Fake H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448, "smem_per_sm": 233472,
-            "regs_per_sm": 65536, "cupy": "0", "driver": "0", "torch": "0", "cudnn": 0}
+    def add_kernel(self, arg):
+        if arg["name"] == "ctas2" and arg["check"]:
+            time.sleep(30)  # a hang: the parent's timeout kills this worker
+        if arg["name"] == "pingpong" and arg["check"]:
+            os._exit(3)  # a crash: the parent must set the shape up again in a new worker and go on
+        if arg["name"] == "one_per_block" and arg["check"]:
+            return {"failure": "O relative error 1 > 0.002", "rel_error": 1.0, "lse_error": 0.0}
+        self.runners.add(arg["name"])
+        return {"failure": None, "rel_error": 1e-4, "lse_error": 1e-6,
+                "ctas_per_sm_occupancy": arg["config"]["ctas_per_sm"]}
 
+    def add_peers(self):
+        self.runners |= {"sdpa_cudnn"}
+        return {"sdpa_cudnn": {"failure": None, "rel_error": 1e-4}, "sdpa_flash": {"failure": "RuntimeError: no"}}
 
-def setup_shape(arg):
-    _STATE["runners"] = set()
-    return {"reference_s": 0.0, "rows_checked": 1}
+    def time_round(self, names):
+        return {n: {"ms": 1.0 if n == "sdpa_cudnn" else 0.5 + 0.1 * len(n) / 10, "min_ms": 0.4, "reps": 5}
+                for n in names if n in self.runners}
 
-
-def add_kernel(arg):
-    if arg["name"] == "ctas2" and arg["check"]:
-        time.sleep(30)  # a hang: the parent's timeout kills this worker
-    if arg["name"] == "pingpong" and arg["check"]:
-        os._exit(3)  # a crash: the parent must set the shape up again in a new worker and go on
-    if arg["name"] == "one_per_block" and arg["check"]:
-        return {"failure": "O relative error 1 > 0.002", "rel_error": 1.0, "lse_error": 0.0}
-    _STATE["runners"].add(arg["name"])
-    return {"failure": None, "rel_error": 1e-4, "lse_error": 1e-6,
-            "ctas_per_sm_occupancy": arg["config"]["ctas_per_sm"]}
-
-
-def add_peers(_=None):
-    _STATE["runners"] |= {"sdpa_cudnn"}
-    return {"sdpa_cudnn": {"failure": None, "rel_error": 1e-4}, "sdpa_flash": {"failure": "RuntimeError: no"}}
-
-
-def time_round(names):
-    return {n: {"ms": 1.0 if n == "sdpa_cudnn" else 0.5 + 0.1 * len(n) / 10, "min_ms": 0.4, "reps": 5}
-            for n in names if n in _STATE["runners"]}
-
-
-def time_gemm(_=None):
-    return {"round_ms": [1.0] * 3, "ms": 1.0, "tflops": 1099.5}
+    def time_gemm(self):
+        return {"round_ms": [1.0] * 3, "ms": 1.0, "tflops": 1099.5}
 
 
 def test_orchestration_reports_wrong_and_crashed_configs_and_times_the_rest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "HANDLER", "tests.test_bench_sm90")
+    monkeypatch.setattr(bench, "HANDLER", FakeSm90)
     monkeypatch.setattr(bench, "CHECK_TIMEOUT_S", 2.0)
 
     def fake_compile_all(plans, device, budget_s):
@@ -139,8 +134,8 @@ def test_the_module_needs_no_optuna():
     import sys
 
     code = ("import sys; sys.modules['optuna'] = None; sys.modules['sqlalchemy'] = None\n"
-            "import tests.gpu.bench_sm90, tuner.worker, tuner.compile, tuner.gpu.measure, tuner.gpu.launch, "
-            "tuner.gpu.reference, tuner.gpu.tensors, tuner.gpu.info\n")
+            "import tests.gpu.bench_sm90, tuner.run, tuner.compile, tuner.gpu._measure, tuner.gpu._launch, "
+            "tuner.gpu._reference, tuner.gpu._tensors, tuner.gpu._info\n")
     pytest.importorskip("cupy")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=bench.REPO)
     assert run.returncode == 0, run.stderr

@@ -81,7 +81,7 @@ def matrix(device) -> dict:
     for (space, c, p), o in zip(jobs, outcomes):
         _, kernels, failed = out[space.name]
         if o.status == "ok":
-            kernels[(tuple(c.items()), p.dtype, p.head_dim, p.causal)] = o.kernel
+            kernels[(tuple(c.items()), p.dtype, p.head_dim, p.causal)] = o.payload
         else:
             failed.append((c, p.slug(), o.reason))
     return out

@@ -17,7 +17,7 @@ from tuner.gpu._reference import reference_problem
 from tuner.gpu._stopping import MAX_WARMUP_LAUNCHES, median_ci_rank, next_batch, timing_stats, warmup_launches
 from tuner.gpu._tensors import from_float32, to_float32
 from tuner.gpu import TOLERANCES, MeasureResult, MeasureSettings
-from tuner.problem import Problem
+from tuner.problem import DTYPES, Problem
 
 # -- which rows are checked ------------------------------------------------------------------------
 
@@ -289,7 +289,7 @@ SETTINGS = MeasureSettings()
 
 
 def simulate(draw, *, per_launch_ms: float, settings: MeasureSettings = SETTINGS) -> list[float]:
-    """The timing loop of tuner.gpu.measure.time_kernel with synthetic samples and a synthetic clock."""
+    """The timing loop of tuner.gpu._timing.time_kernel with synthetic samples and a synthetic clock."""
     samples: list[float] = []
     batches = 0
     while (n := next_batch(samples, spent_ms=len(samples) * per_launch_ms, min_reps=settings.min_reps,
@@ -388,3 +388,27 @@ def test_settings_reuse_kept_inputs_unless_asked():
     assert not MeasureSettings().fresh_inputs and MeasureSettings(fresh_inputs=True).fresh_inputs
     s = MeasureSettings()
     assert s.min_reps >= 6 and s.min_reps <= s.max_reps and 0 < s.rel_ci < 0.05 and s.target_ms > 0
+
+
+# -- the dtype table ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_every_dtype_is_stored_poisoned_and_converted_as_its_table_row_says(dtype):
+    from tuner.gpu._tensors import poison, storage_dtype
+    from tuner.gpu._tma import CU_TENSOR_MAP_DATA_TYPE
+
+    spec = DTYPES[dtype]
+    assert storage_dtype(dtype) == np.dtype(spec.storage) and np.dtype(spec.storage).itemsize == spec.bytes
+    x = np.zeros(4, dtype=storage_dtype(dtype))
+    poison(x, dtype)
+    assert x.view(np.uint16).tolist() == [spec.nan_bits] * 4 and np.isnan(to_float32(x, dtype)).all()
+    values = np.array([1.0, -2.5, 0.15625], dtype=np.float32)  # exact in both 16-bit types
+    assert to_float32(from_float32(values, dtype), dtype).tolist() == values.tolist()
+    assert CU_TENSOR_MAP_DATA_TYPE[dtype] == spec.tma_data_type
+    assert dtype in TOLERANCES
+
+
+def test_bf16_is_rounded_to_nearest_even_from_its_table_row():
+    assert DTYPES["bf16"].storage == "uint16"  # NumPy has no bfloat16: the bits
+    halfway = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8], dtype=np.float32)  # ties between bf16 neighbours
+    assert to_float32(from_float32(halfway, "bf16"), "bf16").tolist() == [1.0, 1.0 + 2 * 2.0**-7]

@@ -1,4 +1,4 @@
-"""Kernel arguments (tuner/gpu/launch.py, tuner/gpu/tma.py) without a GPU: what ``cuLaunchKernel`` would read.
+"""Kernel arguments (tuner/gpu/_launch.py, tuner/gpu/_tma.py) without a GPU: what ``cuLaunchKernel`` would read.
 
 The argument-pointer array of each ABI is decoded and compared with kernel_src/README.md's
 signatures. For ``sm90_tma``, ``cuTensorMapEncodeTiled`` is a stand-in compiled here against
@@ -9,6 +9,7 @@ the real declarations); it writes the arguments it received into the 128-byte ma
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 import struct
@@ -20,9 +21,10 @@ import pytest
 pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
 
 from tuner.gpu import _launch as launch, _tma as tma  # noqa: E402
-from tuner.gpu._launch import FlatArgs, Shape, TmaArgs  # noqa: E402
+from tuner.gpu._launch import FlatArgs, TmaArgs  # noqa: E402
+from tuner.problem import Problem  # noqa: E402
 
-SHAPE = Shape(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16")
+SHAPE = Problem(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16")
 # (pointer, batch stride, row stride, head stride) in elements
 Q = (0x7F0000001000, 8 * 128 * 1000, 8 * 128, 128)
 K = (0x7F0000200000, 2 * 128 * 777, 2 * 128, 128)
@@ -130,7 +132,7 @@ def decode_map(raw: bytes) -> dict:
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_tensor_maps_follow_the_abi(stand_in_driver, dtype):
-    shape = Shape(**{**SHAPE.__dict__, "dtype": dtype})
+    shape = dataclasses.replace(SHAPE, dtype=dtype)
     args = TmaArgs(shape, {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64})
     args.pack(Q, K, V, O, LSE, 0.5)
     maps = [decode_map(args.buffer.param_bytes(i, 128)) for i in range(4)]
@@ -167,7 +169,7 @@ def test_tensors_a_map_cannot_describe_are_refused(stand_in_driver):
     with pytest.raises(tma.TmaError, match="positive multiples of 16"):
         args.pack(Q, (K[0], K[1], 0, K[3]), V, O, LSE, 1.0)
     with pytest.raises(tma.TmaError, match="multiple of 64"):
-        TmaArgs(Shape(**{**SHAPE.__dict__, "head_dim": 96}), {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
+        TmaArgs(dataclasses.replace(SHAPE, head_dim=96), {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
     with pytest.raises(tma.TmaError, match="TMA limit"):
         TmaArgs(SHAPE, {"q_box_rows": 512, "kv_box_rows": 64, "o_box_rows": 64})
     with pytest.raises(tma.TmaError, match="gives no kv_box_rows"):

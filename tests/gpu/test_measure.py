@@ -1,5 +1,5 @@
 """One measurement on a real GPU: a problem's inputs and reference made once and kept, fresh ones on
-request, adaptive timing and the accounting of where a job's time goes (tuner.gpu.measure)."""
+request, adaptive timing and the accounting of where a job's time goes (tuner.gpu.CupyHandler)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_a_measurement_accounts_for_its_time(worker, job_for):
 
 
 def test_peers_are_timed_the_same_way(worker):
-    rows = worker.call("run_peers", (PROBLEM, MeasureSettings()), timeout_s=600)
+    rows = worker.peers(PROBLEM, MeasureSettings(), timeout_s=600)
     if rows[0]["name"] == "pytorch":
         pytest.skip(rows[0]["detail"])
     timed = [r for r in rows if r["latency_ms"]]
@@ -78,7 +78,7 @@ def test_peers_are_timed_the_same_way(worker):
 
 def test_preparing_a_problem_makes_its_inputs_before_the_first_job(worker, job_for):
     settings = MeasureSettings(seed=SEED + 1)
-    ms = worker.call("prepare", (PROBLEM, settings), timeout_s=300)
+    ms = worker.prepare(PROBLEM, settings, timeout_s=300)
     assert ms > 0
     first = worker.measure(job_for(timing=False, seed=SEED + 1))
     assert first.ok, first.detail

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from ..outcome import Status  # a measurement's: ok, or one of tuner.outcome.MEASURE_FAILURES
 from ..problem import Problem
 
 if TYPE_CHECKING:
@@ -12,10 +13,7 @@ if TYPE_CHECKING:
     from ..devices import DeviceLimits
     from ..space import Config, Space
 
-__all__ = ["MeasureJob", "MeasureResult", "MeasureSettings", "Status", "TOLERANCES", "measure_job_for"]
-
-#: Outcome of a measurement. Anything but "ok" makes the trial infeasible.
-Status = Literal["ok", "wrong_result", "launch_error", "timeout", "crashed"]
+__all__ = ["TOLERANCES", "MeasureJob", "MeasureResult", "MeasureSettings", "Status", "measure_job_for"]
 
 #: dtype -> (max relative L2 error of O, max abs error of LSE) against a float32 reference. A correct
 #: kernel's errors, simulated with the rounding of its inputs, P and O: O about 3e-4 (fp16) and 2.3e-3
@@ -26,9 +24,9 @@ TOLERANCES = {"fp16": (2e-3, 1e-3), "bf16": (1e-2, 1e-3)}
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureSettings:
-    """How the GPU worker checks and times one kernel (``tuner.gpu.measure``).
+    """How the GPU worker checks and times one kernel (:class:`tuner.gpu.CupyHandler`).
 
-    Timing is adaptive (``tuner.gpu.stopping``): launches are queued in batches, each between
+    Timing is adaptive (``tuner.gpu._stopping``): launches are queued in batches, each between
     two events with an L2 flush before it, and timing stops once the median latency is known to
     ``rel_ci`` (95% confidence, half-width over the median), after ``max_reps`` timed launches,
     or once the timed batches have taken ``target_ms`` of wall time, whichever comes first, but

@@ -17,18 +17,21 @@ import functools
 import struct
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import cupy
 from cupy.cuda import driver
 
+from ..problem import DTYPES, Problem
 from ._tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
 
-__all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "Shape", "load_kernel"]
+__all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "load_kernel"]
 
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 Operand = tuple[int, int, int, int]  # (device pointer, batch stride, row stride, head stride), strides in elements
+
+#: the storage dtype of an operand's elements -> its dtype's name (bf16 is held as uint16 bits)
+_DTYPE_OF_STORAGE = {d.storage: name for name, d in DTYPES.items()}
 
 
 class LaunchError(ValueError):
@@ -39,19 +42,6 @@ def launch_kernel(function_ptr: int, grid: tuple[int, int, int], threads: int, s
                   params_address: int) -> None:
     """``cuLaunchKernel`` with an argument-pointer array (raises CuPy's CUDADriverError on failure)."""
     driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, params_address, 0)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What a launch's arguments are fixed for."""
-
-    batch: int
-    seqlen_q: int
-    seqlen_k: int
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-    dtype: str  # "fp16" or "bf16"
 
 
 class ArgBuffer:
@@ -99,9 +89,9 @@ def _codes(fmt: str) -> list[str]:
 class FlatArgs:
     """ABI ``flat`` (family sm80): pointers, sizes, element strides of Q, K, V, O, scale."""
 
-    def __init__(self, shape: Shape, params: Mapping[str, int]) -> None:
+    def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=0, scalars="5P5i12qf")
-        self._sizes = (shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_kv)
+        self._sizes = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
         self.buffer.pack_scalars(q[0], k[0], v[0], o[0], lse, *self._sizes, q[1], q[2], q[3], k[1], k[2], k[3],
@@ -111,16 +101,16 @@ class FlatArgs:
 class TmaArgs:
     """ABI ``sm90_tma`` (family sm90): tensor maps of Q, K, V, O, then the LSE pointer, sizes and scale."""
 
-    def __init__(self, shape: Shape, params: Mapping[str, int]) -> None:
+    def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=4, scalars="P5if")
         rows = box_rows(params)
-        q_shape = (shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim)
-        kv_shape = (shape.batch, shape.seqlen_k, shape.heads_kv, shape.head_dim)
-        self._slots = [TensorMapSlot(self.buffer.address + i * TMA_DESC_BYTES, dtype=shape.dtype, shape=s,
+        q_shape = (problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim)
+        kv_shape = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
+        self._slots = [TensorMapSlot(self.buffer.address + i * TMA_DESC_BYTES, dtype=problem.dtype, shape=s,
                                      rows_box=rows[name])
                        for i, (name, s) in enumerate((("q", q_shape), ("k", kv_shape), ("v", kv_shape),
                                                       ("o", q_shape)))]
-        self._sizes = (shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q, shape.heads_kv)
+        self._sizes = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
         for slot, (ptr, batch_stride, row_stride, head_stride) in zip(self._slots, (q, k, v, o), strict=True):
@@ -133,11 +123,12 @@ ABIS: dict[str, type] = {"flat": FlatArgs, "sm90_tma": TmaArgs}
 
 
 class Launcher:
-    """Launches of one kernel for one :class:`Shape`: ``launcher(stream, q, k, v, o, lse, scale)`` packs the
-    operands and launches on ``stream`` (a ``cudaStream_t`` as an int). Safe to call from several threads."""
+    """Launches of one kernel for one problem's shape and dtype (its masking is compiled into the kernel):
+    ``launcher(stream, q, k, v, o, lse, scale)`` packs the operands and launches on ``stream`` (a
+    ``cudaStream_t`` as an int). Safe to call from several threads."""
 
-    def __init__(self, kernel: Kernel, shape: Shape) -> None:
-        self._args = ABIS[kernel.abi](shape, kernel.abi_params)
+    def __init__(self, kernel: Kernel, problem: Problem) -> None:
+        self._args = ABIS[kernel.abi](problem, kernel.abi_params)
         self._function_ptr = kernel.function.ptr
         self._geometry = (kernel.grid, kernel.threads, kernel.smem_bytes)
         self._lock = threading.Lock()
@@ -170,8 +161,8 @@ class Kernel:
         if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
             driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
 
-    def launcher(self, shape: Shape) -> Launcher:
-        return Launcher(self, shape)
+    def launcher(self, problem: Problem) -> Launcher:
+        return Launcher(self, problem)
 
     def args(self, q, k, v, o, lse, softmax_scale: float):
         """The arguments for CuPy arrays (bf16 as uint16 bits): an object :meth:`launch` takes, reusable."""
@@ -187,9 +178,13 @@ class Kernel:
             if x.itemsize != 2 or x.strides[3] != 2:
                 raise LaunchError(f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides "
                                f"{x.strides}")
-        shape = Shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim,
-                      "fp16" if q.dtype == cupy.float16 else "bf16")
-        args = ABIS[self.abi](shape, self.abi_params)
+        dtype = _DTYPE_OF_STORAGE.get(q.dtype.name)
+        if dtype is None:
+            raise LaunchError(f"tensors must be stored as {' or '.join(_DTYPE_OF_STORAGE)} (bf16 as its bits), got "
+                              f"{q.dtype}")
+        problem = Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                          head_dim=head_dim, dtype=dtype)
+        args = ABIS[self.abi](problem, self.abi_params)
         args.pack(_operand(q), _operand(k), _operand(v), _operand(o), lse.data.ptr, float(softmax_scale))
         return args
 

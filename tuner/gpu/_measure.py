@@ -1,83 +1,51 @@
-"""The GPU worker's handler: check a kernel against a float32 reference, then time it.
+"""Check a kernel against a float32 reference, then time it: the work of :meth:`.CupyHandler.run_job`.
 
-Runs inside the process started by :class:`tuner.worker.Worker`; a CUDA error here is fatal
-(``is_fatal``), so the worker exits and the next job gets a fresh context.
+Runs inside the process started by :class:`tuner.run.Worker`; a CUDA error here is fatal
+(:meth:`.CupyHandler.is_fatal`), so the worker exits and the next job gets a fresh context.
 
 A job's phases, each in :attr:`MeasureResult.phases_ms`: ``load`` (module, function, kernel
 arguments), ``inputs`` (random Q, K, V and their reference, made once per problem and kept:
-0 when kept data served the job, see :mod:`.inputs`), ``check`` (one launch on poisoned
+0 when kept data served the job, see :mod:`._inputs`), ``check`` (one launch on poisoned
 outputs, compared with the reference on every (batch, head)) and ``timing`` (adaptive, see
-:func:`time_kernel`).
+:func:`._timing.time_kernel`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import cupy
 
+from ..problem import Problem
+from ._inputs import InputCache, ProblemData, make_problem_data, softmax_scale
 from ._jobs import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings
-from ._inputs import InputCache, ProblemData, check_rows, make_problem_data, softmax_scale
 from ._launch import load_kernel
 from ._reference import masked_rows
-from ._stopping import TimingStats, next_batch, timing_stats, warmup_launches
 from ._tensors import poison, storage_dtype, to_float32
+from ._timing import flush_buffer, ms_since, time_kernel, timed_batch
 
-__all__ = ["setup", "is_fatal", "device_count", "device_info", "prepare", "run_job", "check_kernel", "check_output",
-           "time_kernel", "Timing", "check_rows"]
+__all__ = ["check_kernel", "check_output", "prepare", "run_job"]
 
-_FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not say how large its L2 is
 _inputs: InputCache[ProblemData] = InputCache(make_problem_data, capacity=2)  # this process's kept problems
-_event_pool: list[tuple[cupy.cuda.Event, cupy.cuda.Event]] = []
 
 
-def setup(device: int) -> None:
-    cupy.cuda.Device(device).use()
-    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # create the context now, not in the first job
-
-
-def is_fatal(exc: BaseException) -> bool:
-    """CUDA errors can leave the context unusable (illegal address, launch failure): start afresh."""
-    from cupy_backends.cuda.api import driver, runtime
-
-    return isinstance(exc, (driver.CUDADriverError, runtime.CUDARuntimeError))
-
-
-def device_info(_: object = None) -> dict[str, object]:
-    """Name, limits, driver and clocks of the current device."""
-    from ._info import gpu_info
-
-    return gpu_info()
-
-
-def device_count(_: object = None) -> int:
-    return cupy.cuda.runtime.getDeviceCount()
-
-
-def _ms_since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1e3
-
-
-def prepare(argument: tuple) -> float:
-    """``(problem, settings)``, before a study's first job: compile CuPy's kernels of the data and check
+def prepare(p: Problem, settings: MeasureSettings) -> float:
+    """Before a study's first job of problem ``p``: compile CuPy's kernels of the data and check
     paths (seconds on a new machine: :func:`_warm_up`), make the problem's inputs and reference (kept
     for its jobs) and run the check once on a zero output, so that all of it happens beside the tuner's
     first compiles, not inside the first measurement. Returns its ms."""
-    p, settings = argument
     t0 = time.perf_counter()
     _warm_up(p, settings)
     data, _ = _inputs.get(p, settings.input_scale, settings.seed, fresh=False)
     o, lse = _zero_outputs(p)
     check_output(p, data, o, lse)
     data.intact()
-    _timed_batch(lambda: None, 1, _flush_buffer() if settings.flush_l2 else None)  # the flush buffer, the events
-    return _ms_since(t0)
+    timed_batch(lambda: None, 1, flush_buffer() if settings.flush_l2 else None)  # the flush buffer, the events
+    return ms_since(t0)
 
 
 def _zero_outputs(p):
@@ -126,15 +94,15 @@ def run_job(job: MeasureJob) -> MeasureResult:
     t0 = time.perf_counter()
     kernel = load_kernel(job.cubin_path, job.entry, abi=job.abi, grid=job.grid, threads=job.threads,
                          smem_bytes=job.smem_bytes, config=job.config, abi_params=job.abi_params)
-    phases["load"] = _ms_since(t0)
+    phases["load"] = ms_since(t0)
     t0 = time.perf_counter()
     data, reused = _inputs.get(p, settings.input_scale, settings.seed, fresh=settings.fresh_inputs)
-    phases["inputs"] = 0.0 if reused else _ms_since(t0)
+    phases["inputs"] = 0.0 if reused else ms_since(t0)
     t0 = time.perf_counter()
     o = cupy.empty(data.q.shape, dtype=storage_dtype(p.dtype))
     lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
     args = kernel.args(data.q, data.k, data.v, o, lse, softmax_scale(p))
-    phases["load"] += _ms_since(t0)  # the arguments (tensor maps) belong to loading the kernel
+    phases["load"] += ms_since(t0)  # the arguments (tensor maps) belong to loading the kernel
 
     kernel_ms = 0.0
     check_ms: float | None = None
@@ -146,7 +114,7 @@ def run_job(job: MeasureJob) -> MeasureResult:
             failure, rel_error, lse_error, check_ms = check_kernel(kernel, args, p, data, o, lse)
             kernel_ms += check_ms
             fields.update(rel_error=rel_error, lse_error=lse_error)
-            phases["check"] = _ms_since(t0)
+            phases["check"] = ms_since(t0)
         if settings.timing and failure is None:
             t0 = time.perf_counter()
             timing = time_kernel(lambda: kernel.launch(args), settings, estimate_ms=check_ms)
@@ -154,10 +122,10 @@ def run_job(job: MeasureJob) -> MeasureResult:
             stats = timing.stats
             fields.update(latency_ms=stats.median_ms, spread=stats.spread, reps=stats.reps, rel_ci=stats.rel_ci,
                           tflops=p.flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None)
-            phases["timing"] = _ms_since(t0)
+            phases["timing"] = ms_since(t0)
         t0 = time.perf_counter()
         intact = data.intact()
-        phases["check"] = phases.get("check", 0.0) + _ms_since(t0)
+        phases["check"] = phases.get("check", 0.0) + ms_since(t0)
     except BaseException:
         _inputs.discard(data)  # a launch may have written over it, and nothing vetted it
         raise
@@ -166,7 +134,7 @@ def run_job(job: MeasureJob) -> MeasureResult:
         wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
         failure = wrote if failure is None else f"{wrote}; {failure}"
         fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
-    accounting = {"kernel_ms": kernel_ms, "job_ms": _ms_since(t_job),
+    accounting = {"kernel_ms": kernel_ms, "job_ms": ms_since(t_job),
                   "phases_ms": {name: round(ms, 3) for name, ms in phases.items()}}
     if failure:
         return MeasureResult(status="wrong_result", detail=failure, **fields, **accounting)
@@ -178,7 +146,7 @@ def check_kernel(kernel, args, p, data: ProblemData, o, lse) -> tuple[str | None
     pairs, worst LSE error, the launch's GPU time in ms)."""
     poison(o, p.dtype)
     poison(lse)
-    launch_ms = _timed_batch(lambda: kernel.launch(args), 1, None)[0]
+    launch_ms = timed_batch(lambda: kernel.launch(args), 1, None)[0]
     return (*check_output(p, data, o, lse), launch_ms)
 
 
@@ -233,80 +201,3 @@ def _errors_by_head(of, lse, data: ProblemData):
     lse_err = xp.where(live, xp.abs(got_lse - xp.where(live, ref_lse, zero)), zero).max(axis=2)
     both = cupy.asnumpy(xp.stack([rel, lse_err]))  # one sync
     return both[0], both[1]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Timing:
-    """What :func:`time_kernel` measured: the statistics of the timed launches, the GPU time of every
-    launch it made (warm-up included) and how many were warm-up."""
-
-    stats: TimingStats
-    kernel_ms: float
-    warmup_reps: int
-
-
-def _event_pairs(n: int) -> list:
-    """``n`` (start, end) timing events, reused from call to call (every use ends with a sync)."""
-    while len(_event_pool) < n:
-        _event_pool.append((cupy.cuda.Event(), cupy.cuda.Event()))
-    return _event_pool[:n]
-
-
-@functools.cache
-def _flush_buffer():
-    """A buffer of twice the device's L2: overwriting it evicts whatever the last launch left there."""
-    device = cupy.cuda.Device()
-    l2_bytes = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrL2CacheSize, device.id)
-    nbytes = 2 * l2_bytes if l2_bytes > 0 else _FALLBACK_FLUSH_BYTES
-    return cupy.empty(nbytes // 4, dtype=cupy.int32)
-
-
-def _timed_batch(launch: Callable[[], object], n: int, flush) -> list[float]:
-    """Queue ``n`` launches, each between two events and after a flush of the L2 when ``flush`` is
-    given; one host sync at the end. Returns each launch's GPU time in ms."""
-    stream = cupy.cuda.get_current_stream()
-    pairs = _event_pairs(n)
-    for i, (start, end) in enumerate(pairs):
-        if flush is not None:  # on the current stream, before the start event: not timed. One runtime call,
-            # where flush.fill is a kernel launch through CuPy's dispatch: tens of us of host time per launch
-            cupy.cuda.runtime.memsetAsync(flush.data.ptr, (i + 1) & 0xFF, flush.nbytes, stream.ptr)
-        start.record(stream)
-        launch()
-        end.record(stream)
-    pairs[-1][1].synchronize()
-    return [cupy.cuda.get_elapsed_time(start, end) for start, end in pairs]
-
-
-def time_kernel(launch: Callable[[], object], settings: MeasureSettings, *, estimate_ms: float | None = None) -> Timing:
-    """Time ``launch`` (work queued on CuPy's current stream) adaptively, as Triton's ``do_bench`` does.
-
-    Warm-up launches (about ``settings.warmup_ms`` of kernel time; a launch alone first when no
-    ``estimate_ms`` of one launch is known), then batches of event-timed launches, each after an L2
-    flush, with no host sync inside a batch, until :func:`.stopping.next_batch` says the median is
-    known to ``settings.rel_ci``, or ``settings.max_reps`` launches or ``settings.target_ms`` of
-    wall time are reached (never below ``settings.min_reps``).
-    """
-    flush = _flush_buffer() if settings.flush_l2 else None
-    kernel_ms, warm = 0.0, 0
-    if estimate_ms is None:
-        first = _timed_batch(launch, 1, flush)
-        estimate_ms, kernel_ms, warm = first[0], first[0], 1
-    more = warmup_launches(settings.warmup_ms, estimate_ms) - warm
-    if more > 0:
-        kernel_ms += sum(_timed_batch(launch, more, flush))
-        warm += more
-    samples: list[float] = []
-    t0 = time.perf_counter()
-    while (n := next_batch(samples, spent_ms=_ms_since(t0), min_reps=settings.min_reps, max_reps=settings.max_reps,
-                           budget_ms=settings.target_ms, rel_ci=settings.rel_ci)) > 0:
-        batch = _timed_batch(launch, n, flush)
-        samples += batch
-        kernel_ms += sum(batch)
-    return Timing(stats=timing_stats(samples), kernel_ms=kernel_ms, warmup_reps=warm)
-
-
-def run_peers(argument: tuple) -> list[dict[str, object]]:
-    """``(problem, settings)``: PyTorch SDPA backends and a cuBLAS GEMM timed here (see :mod:`.peers`)."""
-    from ._peers import time_peers
-
-    return time_peers(argument)

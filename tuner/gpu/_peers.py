@@ -1,26 +1,27 @@
 """Peers timed in the same run as a flashtune kernel: PyTorch SDPA backends and a large cuBLAS GEMM.
 
-Runs in the GPU worker. Needs PyTorch; a backend that refuses the shape is reported, not fatal.
-Timed by :func:`.measure.time_kernel`, the method flashtune's kernels are timed with (PyTorch
-launches on the legacy default stream, CuPy's current stream here, so the events frame them).
+Runs in the GPU worker (:meth:`.CupyHandler.run_peers`). Needs PyTorch; a backend that refuses the
+shape is reported, not fatal. Timed by :func:`._timing.time_kernel`, the method flashtune's kernels are
+timed with (PyTorch launches on the legacy default stream, CuPy's current stream here, so the events
+frame them).
 """
 
 from __future__ import annotations
 
 import math
 
+from ..problem import Problem
 from ._jobs import MeasureSettings
-from ._measure import time_kernel
 from ._stopping import TimingStats
+from ._timing import time_kernel
 
 __all__ = ["SDPA_BACKENDS", "time_peers"]
 
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
 
 
-def time_peers(argument: tuple) -> list[dict[str, object]]:
-    """``(problem, settings)`` -> rows ``{"name", "latency_ms", "tflops", "detail"}``."""
-    problem, settings = argument
+def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> list[dict[str, object]]:
+    """Rows ``{"name", "latency_ms", "tflops", "detail"}`` (and the timing's figures when timed)."""
     settings = settings or MeasureSettings()
     try:
         import torch
@@ -29,7 +30,7 @@ def time_peers(argument: tuple) -> list[dict[str, object]]:
     except ImportError:
         return [{"name": "pytorch", "latency_ms": None, "tflops": None, "detail": "PyTorch is not installed"}]
     p = problem
-    dtype = torch.float16 if p.dtype == "fp16" else torch.bfloat16
+    dtype = getattr(torch, p.dtype_spec.torch_name)
     gen = torch.Generator(device="cuda").manual_seed(settings.seed + 1)
     # [B, N, H, D] storage viewed as [B, H, N, D], the layout flashtune kernels read
     q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)

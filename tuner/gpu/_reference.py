@@ -9,7 +9,7 @@ import cupy
 
 from ._tensors import to_float32
 
-__all__ = ["reference_head", "reference_problem", "masked_rows"]
+__all__ = ["masked_rows", "reference_head", "reference_problem"]
 
 
 def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> int:

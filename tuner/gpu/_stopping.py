@@ -1,6 +1,6 @@
 """When to stop timing a kernel: once its median latency is known to a relative precision.
 
-Pure (no GPU): :func:`tuner.gpu.measure.time_kernel` feeds it the event-timed samples after
+Pure (no GPU): :func:`._timing.time_kernel` feeds it the event-timed samples after
 each batch of launches and it answers how many more launches to queue, 0 to stop.
 
 The interval is the distribution-free confidence interval of the median from order statistics
@@ -23,8 +23,15 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["CONFIDENCE", "MAX_WARMUP_LAUNCHES", "TimingStats", "median_ci_rank", "timing_stats", "next_batch",
-           "warmup_launches"]
+__all__ = [
+    "CONFIDENCE",
+    "MAX_WARMUP_LAUNCHES",
+    "TimingStats",
+    "median_ci_rank",
+    "next_batch",
+    "timing_stats",
+    "warmup_launches",
+]
 
 CONFIDENCE = 0.95
 MAX_WARMUP_LAUNCHES = 50

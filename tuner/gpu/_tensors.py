@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import cupy
 
-__all__ = ["from_float32", "to_float32", "poison", "storage_dtype", "random_inputs"]
+from ..problem import DTYPES
 
-_NAN_BITS = {"fp16": 0x7E00, "bf16": 0x7FC0}
+__all__ = ["from_float32", "poison", "random_inputs", "storage_dtype", "to_float32"]
 
 
 def storage_dtype(dtype: str):
-    return cupy.float16 if dtype == "fp16" else cupy.uint16
+    """The CuPy/NumPy dtype that holds ``dtype``'s elements (bf16: their bits, as uint16)."""
+    return cupy.dtype(DTYPES[dtype].storage)
+
+
+def _holds_values(dtype: str) -> bool:
+    """Whether the storage type is the float type itself (fp16), not its bits (bf16)."""
+    return DTYPES[dtype].storage == DTYPES[dtype].torch_name
 
 
 def from_float32(x, dtype: str):
     """Round fp32 to the 16-bit type (round to nearest even for bf16)."""
-    if dtype == "fp16":
-        return x.astype(cupy.float16)
+    if _holds_values(dtype):
+        return x.astype(storage_dtype(dtype))
     xp = cupy.get_array_module(x)
     bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
     rounded = (bits + cupy.uint32(0x7FFF) + ((bits >> 16) & cupy.uint32(1))) >> 16
@@ -26,7 +32,7 @@ def from_float32(x, dtype: str):
 
 
 def to_float32(x, dtype: str):
-    if dtype == "fp16":
+    if _holds_values(dtype):
         return x.astype(cupy.float32)
     return (x.astype(cupy.uint32) << 16).view(cupy.float32)
 
@@ -36,7 +42,7 @@ def poison(x, dtype: str | None = None) -> None:
     if x.dtype == cupy.float32:
         x.fill(cupy.nan)
     else:
-        x.view(cupy.uint16).fill(_NAN_BITS[dtype or "fp16"])
+        x.view(cupy.uint16).fill(DTYPES[dtype or "fp16"].nan_bits)
 
 
 def random_inputs(problem, seed: int, *, scale: float = 1.0):

@@ -25,6 +25,8 @@ import ctypes
 import functools
 from collections.abc import Mapping
 
+from ..problem import DTYPES
+
 __all__ = ["TMA_DESC_ALIGN", "TMA_DESC_BYTES", "TensorMapSlot", "TmaError", "box_rows", "encoder"]
 
 TMA_DESC_BYTES = 128  # sizeof(CUtensorMap)
@@ -34,9 +36,9 @@ _MAX_BOX_ROWS = 256
 _MAX_STRIDE_BYTES = 1 << 40
 _REMEMBERED = 64  # encoded maps remembered per slot
 
-#: the driver's name and cuda.h values (tests/test_tma.py checks them against cuda.h)
+#: the driver's name and cuda.h values (tests/gpu/test_launch.py checks them against cuda.h)
 LIBCUDA = "libcuda.so.1"
-CU_TENSOR_MAP_DATA_TYPE = {"fp16": 6, "bf16": 9}  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16, _BFLOAT16
+CU_TENSOR_MAP_DATA_TYPE = {name: d.tma_data_type for name, d in DTYPES.items()}  # _FLOAT16, _BFLOAT16
 CU_TENSOR_MAP_INTERLEAVE_NONE = 0
 CU_TENSOR_MAP_SWIZZLE_128B = 3
 CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
