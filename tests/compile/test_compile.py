@@ -211,9 +211,9 @@ def test_compile_outcome_turns_failure_into_a_status(tiny):
 
     space, _ = tiny
     bad = compile_outcome(str(space.path), {"width": 1, "refuse": 1}, PROBLEM, SM80)
-    assert bad.status == "compile_error" and bad.kernel is None and "error" in bad.reason.lower()
+    assert bad.status == "compile_error" and bad.payload is None and "error" in bad.reason.lower()
     good = compile_outcome(str(space.path), {"width": 1, "refuse": 0}, PROBLEM, SM80)
-    assert good.status == "ok" and good.kernel is not None and good.reason == ""
+    assert good.status == "ok" and good.payload is not None and good.reason == ""
 
 
 def test_unwritable_cache_still_compiles_with_a_warning(tiny, tmp_path, monkeypatch):

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tuner.compile import CompiledKernel
-from tuner.compile import Resources
-from tuner.compile import CompileOutcome
+from tuner.compile import CompiledKernel, CompileOutcome, Resources
 
 
 def refuses(config: dict[str, int]) -> bool:
@@ -27,7 +25,7 @@ def fake_compiler(space_path: str, config: dict[str, int], problem, device) -> C
                                                             spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0,
                                                             static_smem_bytes=0),
                             seconds=0.01, cached=False)
-    return CompileOutcome(status="ok", kernel=kernel)
+    return CompileOutcome(status="ok", payload=kernel)
 
 
 def exploding_compiler(space_path: str, config: dict[str, int], problem, device) -> CompileOutcome:

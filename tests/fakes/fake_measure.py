@@ -1,4 +1,5 @@
-"""A measure() stand-in for tune() and retime_top(): a deterministic synthetic TFLOPS model of the toy space.
+"""A GPU stand-in for tune() (a :class:`tuner.run.Measure`) and retime_top() (called as a function): a
+deterministic synthetic TFLOPS model of the toy space.
 
 Configs with ``flag == 1 and block_m == 32`` compute a wrong result.
 """
@@ -8,7 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tuner.gpu import MeasureJob, MeasureResult
+from tuner.gpu import MeasureJob, MeasureResult, MeasureSettings
+from tuner.problem import Problem
 
 
 def wrong(config: dict[str, int]) -> bool:
@@ -27,6 +29,12 @@ class FakeMeasure:
     calls: list[MeasureJob] = field(default_factory=list)
     noise: float = 0.0  # relative, alternating sign per call, to exercise re-timing medians
     delay_s: float = 0.0  # each call takes this long, as a GPU would
+
+    def prepare(self, problem: Problem, settings: MeasureSettings) -> None:
+        pass  # a subclass records it
+
+    def measure(self, job: MeasureJob) -> MeasureResult:
+        return self(job)
 
     def __call__(self, job: MeasureJob) -> MeasureResult:
         if self.delay_s:

@@ -2,7 +2,7 @@
 
     python -m tests.fakes.standin_tuner STORAGE STUDY N_TRIALS MEASURE_LOG [SLEEP_S]
 
-It creates or resumes STUDY (sm80 space, a fixed problem) and runs ``tuner.tune.tune`` with
+It creates or resumes STUDY (sm80 space, a fixed problem) and runs ``tuner.run.tune`` with
 a compiler that returns a dummy kernel and a measurement that sleeps SLEEP_S and appends
 the trial's number to MEASURE_LOG (so tests can count how often each trial was measured).
 
@@ -17,17 +17,14 @@ import os
 import sys
 import time
 
-from tuner.compile import CompiledKernel
+from tuner.compile import CompiledKernel, CompileOutcome, Resources
 from tuner.devices import limits_for_arch
 from tuner.gpu import MeasureResult
 from tuner.problem import Problem
-from tuner.compile import Resources
-from tuner.search import make_sampler
+from tuner.run import MeasureFunction, TuneSettings, tune
+from tuner.search import make_sampler, make_search
 from tuner.space import load_space
-from tuner.study import open_storage
-from tuner.study import open_study
-from tuner.compile import CompileOutcome
-from tuner.run import TuneSettings, tune
+from tuner.study import open_storage, open_study
 
 PROBLEM = Problem(batch=2, seqlen_q=1024, heads_q=8, head_dim=128)
 GPU = {"name": "Stand-in GPU", "arch": 80}
@@ -40,7 +37,7 @@ def standin_compile(space_path, config, problem, device) -> CompileOutcome:
     resources = Resources(registers=128, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0)
     kernel = CompiledKernel(cubin_path="/dev/null", entry="flashtune_fwd", arch="80", options=(), resources=resources,
                             seconds=0.0, cached=True)
-    return CompileOutcome(status="ok", kernel=kernel)
+    return CompileOutcome(status="ok", payload=kernel)
 
 
 def standin_tflops(config: dict[str, int]) -> float:
@@ -80,7 +77,10 @@ def main(argv: list[str]) -> int:
 
     settings = TuneSettings(n_trials=int(n_trials), compile_workers=1, compile_ahead=2, storage_retries=6,
                             storage_retry_delay_s=0.5)
-    summary = tune(study, space, PROBLEM, device, measure, settings, compiler=standin_compile)
+    # seeded apart: each stand-in process proposes and explores on its own
+    search = make_search("tpe", space, PROBLEM, device, os.getpid())
+    summary = tune(study, space, PROBLEM, device, MeasureFunction(measure), settings, search=search,
+                   compiler=standin_compile, seed=os.getpid())
     print(f"stand-in done: {summary}", flush=True)
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.study import _meta as st
+import tuner.study as st
 from tuner.study import requeue_stale
 from tuner.gpu import MeasureSettings
 from tuner.run import compile_pool

@@ -47,6 +47,22 @@ def test_replay_is_reproducible_for_a_seed(oracle):
     assert replay_one(oracle, "tpe", 3, 30).values == replay_one(oracle, "tpe", 3, 30).values
 
 
+def test_replays_with_the_same_seed_in_two_processes_give_the_same_figures(oracle):
+    """Every random choice of a run follows its seed, the loop's own draws (exploring when the search has
+    nothing new) included: nothing depends on the process (its id, say)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    def in_a_new_process():
+        with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+            return pool.submit(replay_one, oracle, "tpe", 3, 45).result(timeout=300)
+
+    first, second = in_a_new_process(), in_a_new_process()
+    assert first.explorations > 0  # the loop drew configs of its own
+    assert (first.values, first.asks, first.repeats, first.explorations) == \
+        (second.values, second.asks, second.repeats, second.explorations)
+
+
 def test_compile_ahead_makes_proposals_before_earlier_results_are_known(oracle):
     run = replay_one(oracle, "random", seed=2, budget=30, window=8)
     assert len(run.values) == 30 and len(set(run.values)) == 30

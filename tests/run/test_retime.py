@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 
 import optuna
-
 import pytest
 from optuna.trial import TrialState
 
+import tuner.study as st
 from tests.fakes.fake_compile import fake_compiler
 from tests.fakes.fake_measure import FakeMeasure, model_tflops
-from tuner.study import _meta as st
 from tuner.gpu import MeasureResult
-from tuner.run import retime_top, within_noise_of_best
-from tuner.search import make_sampler
+from tuner.run import TuneSettings, retime_top, tune, within_noise_of_best
+from tuner.search import make_sampler, make_search
 from tuner.study import open_storage
-from tuner.run import TuneSettings, tune
 
 GPU = {"name": "Fake GPU", "arch": 80}
 BEST = {"block_m": 128, "block_n": 64, "stages": 2, "flag": 1}  # the model's unique optimum
@@ -31,7 +29,7 @@ def tuned(sqlite_url, toy_space, problem, sm80):
     study.enqueue_trial(BEST)
     study.enqueue_trial(SECOND)
     tune(study, toy_space, problem, sm80, FakeMeasure(), TuneSettings(n_trials=8, compile_workers=1),
-         compiler=fake_compiler)
+         compiler=fake_compiler, search=make_search("random", toy_space, problem, sm80, 1))
     return study
 
 

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.errors import UsageError
-from tuner.study import StorageError, open_storage
-from tuner.run import RunSpec, gpu_infos, prepare_study, run_on_gpus, spec_from_study
-from tuner.study import DUPLICATE_OF, STATUS
-from tuner.run import TuneSettings
-
+from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import PROBLEM
+from tuner.errors import UsageError
+from tuner.run import RunSpec, TuneSettings, gpu_infos, join_study, prepare_study, run_on_gpus
+from tuner.study import DUPLICATE_OF, STATUS, WINNER, StorageError, open_storage
 
-HANDLER = "tests.fakes.standin_gpu"
+HANDLER = FakeGpu
 COMPILER = "tests.fakes.standin_tuner:standin_compile"
 
 
@@ -44,20 +44,20 @@ def test_a_worker_joins_with_the_study_s_own_family_problem_and_target(tmp_path)
     infos = gpu_infos([0], handler=HANDLER)
     spec = prepare_study(_spec(tmp_path, n_trials=10), infos[0])
     run_on_gpus(spec, [0], infos)
-    joined = spec_from_study(spec.storage_url, spec.study_name, n_trials=16)
-    assert (joined.family, joined.problem, joined.sampler, joined.seed) == ("sm80", PROBLEM, "tpe", 3)
-    joined = type(joined)(**{**joined.__dict__, "handler": HANDLER, "compiler": COMPILER})
+    joined = join_study(spec.storage_url, spec.study_name, n_trials=16)
+    assert (joined.spec.family, joined.spec.problem, joined.spec.sampler, joined.spec.seed) == ("sm80", PROBLEM, "tpe", 3)
+    joined = dataclasses.replace(joined, spec=dataclasses.replace(joined.spec, handler=HANDLER, compiler=COMPILER))
     run_on_gpus(joined, [0], infos)
     assert len(_evaluated(spec)[1]) == 16
-    assert spec_from_study(spec.storage_url, spec.study_name).settings.n_trials == 10  # the stored target
+    assert join_study(spec.storage_url, spec.study_name).settings.n_trials == 10  # the stored target
 
 
 def test_joining_a_missing_study_says_how_to_create_it(tmp_path):
     open_storage(f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(UsageError, match="create it with `flashtune tune`"):
-        spec_from_study(f"sqlite:///{tmp_path}/s.db", "nope")
+        join_study(f"sqlite:///{tmp_path}/s.db", "nope")
     with pytest.raises(StorageError, match="run `flashtune tune` first"):  # no database there at all
-        spec_from_study(f"sqlite:///{tmp_path}/other.db", "nope")
+        join_study(f"sqlite:///{tmp_path}/other.db", "nope")
     assert not (tmp_path / "other.db").exists()
 
 
@@ -115,3 +115,32 @@ def test_a_suite_on_two_gpus_tunes_each_study_on_one_of_them_with_one_worker_eac
     assert err.count("worker restarts") == 4  # one summary line per study
     tune_suite(suite, base, [0, 1], infos, top_k=2, rounds=1)
     assert capfd.readouterr().err.count("is finished, skipped") == 4
+
+
+def test_one_run_loads_its_space_opens_its_storage_and_loads_its_study_once(tmp_path, monkeypatch):
+    """What `flashtune tune` does in its own process (create, tune, re-time) resolves what the spec names once,
+    and passes the objects down (compile processes load the space once each, in their own process)."""
+    import collections
+
+    import tuner.run._run as run_module
+    from tuner.run import retime_winner
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(run_module, "load_space", counted("space", run_module.load_space))
+    monkeypatch.setattr(run_module, "open_storage", counted("storage", run_module.open_storage))
+    monkeypatch.setattr(optuna, "load_study", counted("study", optuna.load_study))
+    infos = gpu_infos([0], handler=HANDLER)
+    run = prepare_study(_spec(tmp_path, n_trials=4), infos[0])
+    assert (calls["space"], calls["storage"]) == (1, 1)
+    calls["study"] = 0  # creating or resuming the study is the study's business; from here on it is not loaded
+    run_on_gpus(run, [0], infos)
+    retime_winner(run, 0, top_k=2, rounds=1)
+    assert dict(calls) == {"space": 1, "storage": 1, "study": 0}
+    assert run.study.user_attrs.get(WINNER) is not None  # the run went through: tuned and re-timed

@@ -12,7 +12,8 @@ from tuner.devices import limits_for_arch
 from tuner.problem import Problem
 from tuner.run import ReplayError, replay, replay_one, summarize
 from tuner.space import config_key, load_space
-from tuner.run import additive, feasible_configs, landscapes, main, planted
+from tuner.run import additive, feasible_configs, landscapes, planted
+from tuner.run._synthetic import main
 
 H200 = limits_for_arch(90)
 SM90_SMALL = Path(__file__).resolve().parents[1] / "data" / "sm90_small.toml"

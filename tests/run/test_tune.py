@@ -6,12 +6,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+import tuner.study as st
 from tests.fakes.fake_compile import exploding_compiler, fake_compiler, refuses
 from tests.fakes.fake_measure import FakeMeasure, model_tflops, wrong
-from tuner.study import _meta as st
-from tuner.search import make_sampler
-from tuner.study import open_storage
 from tuner.run import TuneSettings, tune
+from tuner.search import make_sampler, make_search
+from tuner.study import open_storage
 
 GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
        "driver": "0.0"}
@@ -35,6 +35,12 @@ def settings(n_trials, **kw):
     return TuneSettings(n_trials=n_trials, compile_workers=1, **kw)
 
 
+def tune_study(study, space, problem, device, measure, run_settings, *, sampler="random", seed=0, **kw):
+    """tune() with the search ``sampler`` names, seeded as make_study seeds the study (unless ``search`` given)."""
+    search = kw.pop("search", None) or make_search(sampler, space, problem, device, seed)
+    return tune(study, space, problem, device, measure, run_settings, search=search, **kw)
+
+
 def evaluated_trials(study):
     return [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and t.user_attrs.get(st.STATUS) != "infeasible" and st.DUPLICATE_OF not in t.user_attrs]
@@ -49,7 +55,7 @@ def test_statuses_of_every_kind(storage, toy_space, problem, sm80):
     for config in (INFEASIBLE, COMPILE_ERROR, WRONG, toy_space.defaults()):
         study.enqueue_trial(config)
     measure = FakeMeasure()
-    summary = tune(study, toy_space, problem, sm80, measure, settings(8, compile_ahead=1), compiler=fake_compiler)
+    summary = tune_study(study, toy_space, problem, sm80, measure, settings(8, compile_ahead=1), compiler=fake_compiler)
     trials = study.get_trials()
 
     default = trials[0]
@@ -126,7 +132,7 @@ def test_duplicate_proposed_while_the_original_compiles(storage, toy_space, prob
     study = make_study(storage, toy_space, problem)
     study.enqueue_trial(toy_space.defaults())
     measure = FakeMeasure()
-    tune(study, toy_space, problem, sm80, measure, settings(3, compile_ahead=4), compiler=fake_compiler)
+    tune_study(study, toy_space, problem, sm80, measure, settings(3, compile_ahead=4), compiler=fake_compiler)
     trials = study.get_trials()
     assert trials[1].params == toy_space.defaults()
     assert trials[1].user_attrs.get(st.DUPLICATE_OF) == 0
@@ -138,14 +144,14 @@ def test_duplicate_proposed_while_the_original_compiles(storage, toy_space, prob
 
 def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space, problem, sm80):
     study = make_study(storage, toy_space, problem)
-    first = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4, compile_ahead=2),
+    first = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(4, compile_ahead=2),
                  compiler=fake_compiler)
     assert first.evaluated == 4 == len(evaluated_trials(study))
     before = snapshot(study)
 
     resumed = make_study(storage, toy_space, problem)  # as a second `flashtune tune` would
     assert len(resumed.get_trials()) == len(before)
-    second = tune(resumed, toy_space, problem, sm80, FakeMeasure(), settings(9, compile_ahead=2),
+    second = tune_study(resumed, toy_space, problem, sm80, FakeMeasure(), settings(9, compile_ahead=2),
                   compiler=fake_compiler)
     assert len(evaluated_trials(resumed)) == 9
     assert second.evaluated == 5  # this run's share
@@ -155,7 +161,7 @@ def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space
     # a third run with the same budget has nothing to do
     count = len(resumed.get_trials())
     measure = FakeMeasure()
-    third = tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, measure, settings(9),
+    third = tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, measure, settings(9),
                  compiler=fake_compiler)
     assert third.evaluated == 0 and not measure.calls
     assert len(resumed.get_trials()) == count
@@ -166,7 +172,7 @@ def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space
 def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, interrupt_at):
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
-        tune(study, toy_space, problem, sm80, FakeMeasure(interrupt_at=interrupt_at), settings(8, compile_ahead=3),
+        tune_study(study, toy_space, problem, sm80, FakeMeasure(interrupt_at=interrupt_at), settings(8, compile_ahead=3),
              compiler=fake_compiler)
     trials = study.get_trials()
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
@@ -180,7 +186,7 @@ def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, in
     assert sum(bool(t.user_attrs.get(st.IS_DEFAULT)) for t in requeued) == (interrupt_at == 1)  # the default first
 
     # resuming finishes the budget; interrupted configs are tried again, finished ones are kept
-    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(8),
+    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(8),
          compiler=fake_compiler)
     assert len(evaluated_trials(study)) == 8
     after = {s[0]: s for s in snapshot(study)}
@@ -196,7 +202,7 @@ def test_time_budget(storage, toy_space, problem, sm80):
 
     study = make_study(storage, toy_space, problem)
     start = time.monotonic()
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(delay_s=0.3), TuneSettings(n_trials=None, timeout_s=1.5,
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(delay_s=0.3), TuneSettings(n_trials=None, timeout_s=1.5,
                    compile_workers=1, compile_ahead=1), compiler=fake_compiler)
     assert summary.stopped_because == "time budget used"
     assert time.monotonic() - start < 10
@@ -212,7 +218,7 @@ def test_exhausted_space_stops(tmp_path, storage, problem, sm80):
     path.write_text(toy_space_text(block_m=(64,), block_n=(64, 128), stages=(2,), flag=(0, 1)))
     space = load_space(path)
     study = make_study(storage, space, problem)
-    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1),
+    summary = tune_study(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1),
                    compiler=fake_compiler)
     assert "exhausted" in summary.stopped_because
     assert summary.evaluated == 4 == len(evaluated_trials(study))
@@ -222,7 +228,7 @@ def test_exhausted_space_stops(tmp_path, storage, problem, sm80):
 
 def test_dead_compile_process_is_a_compile_error(storage, toy_space, problem, sm80):
     study = make_study(storage, toy_space, problem)
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(1, compile_ahead=1),
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(1, compile_ahead=1),
                    compiler=exploding_compiler)
     trial = study.get_trials()[0]
     assert trial.state == TrialState.PRUNED and trial.user_attrs[st.STATUS] == "compile_error"
@@ -232,7 +238,7 @@ def test_dead_compile_process_is_a_compile_error(storage, toy_space, problem, sm
 
 def test_progress_events(storage, toy_space, problem, sm80):
     events = []
-    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(3),
+    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(3),
          compiler=fake_compiler, progress=events.append)
     assert events[-1]["event"] == "done" and events[-1]["evaluated"] == 3 and events[-1]["target"] == 3
     assert sum(e["event"] == "trial" for e in events) == 3
@@ -254,7 +260,7 @@ def test_the_progress_line_shows_throughput():
 
 def test_a_run_stores_and_returns_its_throughput(storage, toy_space, problem, sm80):
     study = make_study(storage, toy_space, problem)
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
     stats = summary.stats
     assert stats.evaluated == 4 and stats.measured == 4 and stats.wall_s > 0
     assert stats.measure_s >= 0 and stats.compile_wait_s >= 0 and stats.storage_s > 0
@@ -266,7 +272,8 @@ def test_a_run_stores_and_returns_its_throughput(storage, toy_space, problem, sm
 @pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
 def test_each_sampler_runs_a_study(storage, toy_space, problem, sm80, sampler):
     study = make_study(storage, toy_space, problem, sampler=sampler, name=f"s-{sampler}")
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler)
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler,
+                         sampler=sampler)
     assert summary.evaluated == 5
     assert study.get_trials()[0].params == toy_space.defaults()
 
@@ -278,8 +285,8 @@ def test_the_grid_sampler_covers_a_small_space_and_stops_as_exhausted(storage, t
     (tmp_path / "toy.toml").write_text(toy_space_text(block_m=(32, 64), block_n=(32, 64), stages=(1, 2)))
     space = load_space(tmp_path / "toy.toml")  # 16 points, all statically feasible
     study = make_study(storage, space, problem, sampler="grid", name="grid")
-    summary = tune(study, space, problem, sm80, FakeMeasure(), settings(50),
-                   compiler=fake_compiler)
+    summary = tune_study(study, space, problem, sm80, FakeMeasure(), settings(50),
+                         compiler=fake_compiler, sampler="grid")
     assert "space exhausted" in summary.stopped_because
     trials = study.get_trials()
     assert not [t for t in trials if t.state in (TrialState.FAIL, TrialState.RUNNING)]
@@ -307,10 +314,12 @@ class _StuckSampler(optuna.samplers.BaseSampler):
 
 
 def test_a_sampler_that_repeats_itself_gets_unseen_configs_explored(storage, toy_space, problem, sm80):
+    from tuner.search import OptunaSearch
+
     study = st.open_study(storage=storage, name="stuck", space=toy_space, problem=problem, gpu=GPU,
                           sampler=_StuckSampler())
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1),
-                   compiler=fake_compiler)
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1),
+                         compiler=fake_compiler, search=OptunaSearch(toy_space, problem, sm80, 0, _StuckSampler()))
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 6 and summary.stopped_because == "the study holds 6 evaluated trials"
     assert len({tuple(sorted(t.params.items())) for t in evaluated}) == 6  # six different configs
@@ -347,7 +356,7 @@ def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing
     sampler = _InfeasibleSampler(toy_space, problem, sm80)
     study = st.open_study(storage=storage, name="lost", space=toy_space, problem=problem, gpu=GPU, sampler=sampler)
     search = OptunaSearch(toy_space, problem, sm80, 0, sampler)
-    summary = tune(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1), search=search,
+    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1), search=search,
                    compiler=fake_compiler)
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 5 and summary.stopped_because == "the study holds 5 evaluated trials"
@@ -361,8 +370,8 @@ def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing
 def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
     # the database commits the tell, then the connection drops before the reply: the retry
     # finds the trial finished (CI, session 1) and must return it, not fail the tuner
-    from tuner.study import finish as _finish
     from tuner.study import TrialRef
+    from tuner.study import finish as _finish
 
     study = optuna.create_study(storage=storage, direction="maximize")
     trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
@@ -391,7 +400,7 @@ def test_a_gpu_worker_that_cannot_restart_stops_the_run_without_blaming_the_tria
 
     study = make_study(storage, toy_space, problem)
     with pytest.raises(WorkerUnavailable):
-        tune(study, toy_space, problem, sm80, DiesAtSecond(), settings(6, compile_ahead=1), compiler=fake_compiler)
+        tune_study(study, toy_space, problem, sm80, DiesAtSecond(), settings(6, compile_ahead=1), compiler=fake_compiler)
     trials = study.get_trials()
     assert not [t for t in trials if t.user_attrs.get(st.STATUS) in ("launch_error", "crashed", "timeout")]
     [stopped] = [t for t in trials if t.state == TrialState.FAIL]
@@ -408,7 +417,7 @@ def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(storag
     monkeypatch.setattr(tune_mod, "_draw", interrupted_draw)
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
-        tune(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
+        tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(4), compiler=fake_compiler)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     [failed] = [t for t in trials if t.state == TrialState.FAIL]
@@ -421,11 +430,8 @@ def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(storag
 def test_stopping_does_not_enqueue_again_a_trial_another_tuner_already_failed(storage, toy_space, problem):
     import functools
 
-    from tuner.study import REQUEUE_COUNT
-    from tuner.study import stop_cleanly
     from tuner.search import distributions
-    from tuner.study import retrying
-    from tuner.study import TrialRef
+    from tuner.study import REQUEUE_COUNT, TrialRef, retrying, stop_cleanly
 
     dists = distributions(toy_space)
     study = make_study(storage, toy_space, problem)
@@ -461,7 +467,7 @@ def test_each_gpu_measures_on_a_lane_of_its_own_at_the_same_time(storage, toy_sp
 
     gpus = [Slow(), Slow()]
     study = make_study(storage, toy_space, problem)
-    summary = tune(study, toy_space, problem, sm80, gpus, settings(10), compiler=fake_compiler)
+    summary = tune_study(study, toy_space, problem, sm80, gpus, settings(10), compiler=fake_compiler)
     assert summary.evaluated == 10 == len(evaluated_trials(study))
     assert summary.stats.gpus == 2 and summary.stats.measured_per_gpu == [len(g.calls) for g in gpus]
     assert all(g.calls for g in gpus) and most[0] == 2  # both GPUs busy at once
@@ -472,7 +478,7 @@ def test_an_interruption_while_gpus_measure_re_enqueues_what_they_held(storage, 
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
         gpus = [FakeMeasure(delay_s=0.1), FakeMeasure(delay_s=0.1, interrupt_at=2)]
-        tune(study, toy_space, problem, sm80, gpus, settings(12), compiler=fake_compiler)
+        tune_study(study, toy_space, problem, sm80, gpus, settings(12), compiler=fake_compiler)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     interrupted = {t.number for t in trials if t.state == TrialState.FAIL}
@@ -492,7 +498,7 @@ def test_each_gpu_is_prepared_once_before_its_first_measurement(storage, toy_spa
             return super().__call__(job)
 
     gpus = [Prepared(), Prepared()]
-    tune(make_study(storage, toy_space, problem), toy_space, problem, sm80, gpus, settings(6), compiler=fake_compiler)
+    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, gpus, settings(6), compiler=fake_compiler)
     for g in gpus:
         mine = [e for e in events if e[1] == id(g)]
         assert mine[0] == ("prepare", id(g), problem, settings(6).measure)
@@ -519,7 +525,7 @@ def test_compile_processes_exit_when_their_tuner_is_killed(tmp_path):
     import sys
     import time
 
-    script = ("import os, sys; from tuner.loop_threads import compile_pool\n"
+    script = ("import os, sys; from tuner.run import compile_pool\n"
               "pool = compile_pool(2)\n"
               "print(*{pool.submit(os.getpid).result() for _ in range(8)}, flush=True)\n"
               "import time; time.sleep(600)\n")

@@ -1,4 +1,4 @@
-"""tuner.search: samplers by name and the distributions of a space."""
+"""tuner.search: searches by name (one registry), the stored study's sampler, and the distributions of a space."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from tests.conftest import family_params, toy_space_text
-from tuner.search import SAMPLERS, SamplerError, distributions, make_sampler
+from tuner.search import DEFAULT_SEARCH, SEARCHES, SamplerError, check_search, distributions, make_sampler, make_search
 from tuner.space import load_space
 
 HAVE_GP_DEPS = all(importlib.util.find_spec(m) for m in ("torch", "scipy"))
@@ -30,7 +30,7 @@ def test_distributions_of_every_family(space_path):
     assert {n: d.choices for n, d in dists.items()} == {k.name: k.values for k in space.knobs}
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
+@pytest.mark.parametrize("name", sorted(SEARCHES))
 def test_every_sampler_builds_and_proposes_valid_configs(name, toy_space):
     if name == "gp" and not HAVE_GP_DEPS:
         with pytest.raises(SamplerError, match="PyTorch"):
@@ -59,9 +59,55 @@ def test_seeded_samplers_are_reproducible(name, toy_space):
     assert proposals() == proposals()
 
 
-def test_unknown_sampler():
+def test_unknown_sampler(toy_space, problem):
     with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
         make_sampler("cmaes", None, 0)  # type: ignore[arg-type]
+    with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
+        make_search("cmaes", toy_space, problem, _limits(), 0)
+    with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
+        check_search("cmaes", toy_space)
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_every_search_name_builds_its_strategy_which_proposes_feasible_configs(name, toy_space, problem):
+    from tuner.search import OptunaSearch, PatternSearch, Search
+    from tuner.search._exhaustive import ExhaustiveSearch
+
+    if name == "gp" and not HAVE_GP_DEPS:
+        with pytest.raises(SamplerError, match="PyTorch"):
+            check_search(name, toy_space)
+        return
+    search = make_search(name, toy_space, problem, _limits(), 0)
+    expected = {"pattern": PatternSearch, "grid": ExhaustiveSearch}.get(name, OptunaSearch)
+    assert isinstance(search, Search) and type(search) is expected
+    config = search.propose(set())
+    assert config is not None and toy_space.check(config, problem, _limits()) is None
+
+
+def test_the_default_search_and_the_cli_choices_come_from_the_registry():
+    from tuner.cli._main import build_parser
+
+    assert DEFAULT_SEARCH == "pattern" and DEFAULT_SEARCH in SEARCHES
+    tune = build_parser()._subparsers._group_actions[0].choices["tune"]
+    [sampler] = [a for a in tune._actions if "--sampler" in a.option_strings]
+    assert sorted(sampler.choices) == sorted(SEARCHES) and sampler.default == DEFAULT_SEARCH
+
+
+@pytest.mark.parametrize("name", ["tpe", "random", "pattern"])
+def test_a_seeded_search_proposes_the_same_configs(name, toy_space, problem):
+    from tuner.space import config_key
+
+    def proposals():
+        search, out = make_search(name, toy_space, problem, _limits(), 42), []
+        for _ in range(8):
+            config = search.propose({config_key(c) for c in out})
+            if config is None:
+                break
+            out.append(config)
+            search.observe(config, float(config["block_m"]))
+        return out
+
+    assert proposals() == proposals()
 
 
 def test_grid_refuses_a_huge_space(tmp_path):
@@ -73,6 +119,8 @@ def test_grid_refuses_a_huge_space(tmp_path):
     assert space.size() == 27 * 1000 > 20000
     with pytest.raises(SamplerError, match="grid sampler would enumerate 27000"):
         make_sampler("grid", space, 0)
+    with pytest.raises(SamplerError, match="grid sampler would enumerate 27000"):
+        check_search("grid", space)
 
 
 # -- the search strategies the tuner runs (tuner.search.make_search) ------------------------------

@@ -20,13 +20,13 @@ from typing import TextIO
 
 from ..devices import DeviceLimits
 from ..errors import UsageError
+from ..outcome import Status
 from ..problem import Problem, ProblemError
-from ._ptxas import Resources
 from ..space import Config, Space, load_space
 from ._nvcc import compile_outcome
-from ..study import TrialStatus
+from ._ptxas import Resources
 
-__all__ = ["CheckReport", "CheckRow", "check_space", "all_configs", "static_candidates"]
+__all__ = ["CheckReport", "CheckRow", "all_configs", "check_space", "static_candidates"]
 
 EXHAUSTIVE_LIMIT = 200_000  # grid points checked one by one (a few seconds); above, random draws
 DRAWS = 20_000              # distinct random points statically checked in a larger space
@@ -37,7 +37,7 @@ AUTO_SAMPLES = 32           # configs compiled unless --samples says otherwise (
 @dataclass
 class CheckRow:
     config: Config
-    status: str  # a TrialStatus: ok, infeasible or compile_error
+    status: Status  # ok, infeasible or compile_error
     reason: str = ""
     resources: Resources | None = None
     is_default: bool = False
@@ -54,7 +54,7 @@ class CheckReport:
 
     @property
     def compile_errors(self) -> list[CheckRow]:
-        return [r for r in self.rows if r.status == TrialStatus.COMPILE_ERROR]
+        return [r for r in self.rows if r.status == Status.COMPILE_ERROR]
 
     @property
     def spilling(self) -> list[CheckRow]:
@@ -64,7 +64,7 @@ class CheckReport:
     def ok(self) -> bool:
         """The default compiles without spills, and every statically feasible config compiles."""
         d = self.default
-        return d.status == TrialStatus.OK and d.resources is not None and not d.resources.spills and not self.compile_errors
+        return d.status == Status.OK and d.resources is not None and not d.resources.spills and not self.compile_errors
 
 
 def all_configs(space: Space) -> list[Config]:
@@ -115,7 +115,7 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
     for config in candidates:
         reason = space.check(config, problem, device)
         if reason:
-            report.rows.append(CheckRow(config, TrialStatus.INFEASIBLE, reason, is_default=config == default))
+            report.rows.append(CheckRow(config, Status.INFEASIBLE, reason, is_default=config == default))
         else:
             feasible.append(config)
     chosen = feasible
@@ -136,7 +136,7 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
             config = futures[future]
             outcome = future.result()
             row = CheckRow(config, outcome.status, outcome.reason,
-                           outcome.kernel.resources if outcome.kernel else None, is_default=config == default)
+                           outcome.payload.resources if outcome.payload else None, is_default=config == default)
             report.rows.append(row)
             if out:
                 print(f"[{i}/{len(chosen)}] {_line(row)}", file=out, flush=True)
@@ -157,8 +157,8 @@ def _line(row: CheckRow) -> str:
 def _summary(report: CheckReport, out: TextIO) -> None:
     d = report.default
     print(f"default config: {_line(d)}", file=out)
-    print(f"{sum(r.status == TrialStatus.OK for r in report.rows)} compiled, {len(report.compile_errors)} compile errors, "
-          f"{len(report.spilling)} spilling, {sum(r.status == TrialStatus.INFEASIBLE for r in report.rows)} statically infeasible",
+    print(f"{sum(r.status == Status.OK for r in report.rows)} compiled, {len(report.compile_errors)} compile errors, "
+          f"{len(report.spilling)} spilling, {sum(r.status == Status.INFEASIBLE for r in report.rows)} statically infeasible",
           file=out)
     for row in report.compile_errors[:5]:
         print(f"  compile error: {_line(row)}", file=out)

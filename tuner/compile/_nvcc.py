@@ -18,14 +18,14 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
+from ..outcome import Outcome, Status
 from ..paths import KERNEL_SRC
 from ..problem import Problem
-from ._ptxas import Resources, parse_ptxas
 from ..space import Config, Space, load_space
+from ._ptxas import Resources, parse_ptxas
 
 __all__ = ["CompileError", "CompileOutcome", "CompiledKernel", "cache_dir", "compile_config", "compile_outcome",
            "nvcc_options"]
@@ -92,7 +92,7 @@ def _source_digest() -> str:
 def compile_config(space: Space, config: Config, problem: Problem, device: DeviceLimits, *,
                    use_cache: bool = True) -> CompiledKernel:
     """Build ``config`` for ``problem`` on ``device``'s arch; raise :class:`CompileError` on failure."""
-    macros = space.macros(config, problem, device)
+    macros = space.build_macros(config, problem, device)
     options = nvcc_options(macros)
     arch = space.arch_string(device.arch)
     entry = space.family.entry
@@ -122,13 +122,8 @@ def compile_config(space: Space, config: Config, problem: Problem, device: Devic
                           options=options, resources=resources, seconds=seconds, cached=False)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CompileOutcome:
-    """What a compile process returns: a kernel, or why there is none."""
-
-    status: Literal["ok", "compile_error"]
-    kernel: CompiledKernel | None = None
-    reason: str = ""
+#: What a compile process returns: status ok with the kernel as payload, or compile_error and why.
+CompileOutcome = Outcome[CompiledKernel]
 
 
 @functools.lru_cache(maxsize=8)
@@ -140,11 +135,11 @@ def compile_outcome(space_path: str, config: Config, problem: Problem, device: D
     """Compile in a pool process (the space is named by its file, loaded once per process); never
     raises: a failure is an outcome."""
     try:
-        return CompileOutcome(status="ok", kernel=compile_config(_space(space_path), config, problem, device))
+        return CompileOutcome(status=Status.OK, payload=compile_config(_space(space_path), config, problem, device))
     except CompileError as e:
-        return CompileOutcome(status="compile_error", reason=str(e))
+        return CompileOutcome(status=Status.COMPILE_ERROR, reason=str(e))
     except Exception as e:  # noqa: BLE001 - e.g. a full disk or a ptxas report we cannot read
-        return CompileOutcome(status="compile_error", reason=f"{type(e).__name__}: {e}")
+        return CompileOutcome(status=Status.COMPILE_ERROR, reason=f"{type(e).__name__}: {e}")
 
 
 def _first_error(text: str) -> str:

@@ -9,9 +9,14 @@ avoid it and the study goes on. Enqueued configs (the default, configs re-queued
 worker or an interruption, a suite's warm start) are taken before new proposals.
 
 The loop's thread proposes, creates, reads and (through a storing thread) stores trials while
-each GPU measures on a lane of its own (:mod:`tuner.loop_threads`): one process drives every
+each GPU measures on a lane of its own (:mod:`._threads`): one process drives every
 GPU of its host. Several processes (hosts) may run the loop on one study: the budget,
 de-duplication and stale-trial recovery read the shared storage, not local state.
+
+What becomes of each config is one :class:`~tuner.outcome.Outcome` from its compile (payload: the
+kernel) through its measurement job and its measurement to the stored trial. The loop calls its
+compiler and its GPUs through the :class:`~._contracts.Compile` and :class:`~._contracts.Measure`
+contracts, and every random choice it makes follows its seed.
 """
 
 from __future__ import annotations
@@ -37,22 +42,32 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from .. import study as st
-from ..compile import CompileOutcome, compile_outcome
+from ..compile import CompiledKernel, compile_outcome
 from ..devices import DeviceLimits
-from ..study import HEARTBEAT_INTERVAL_S, OWNER, Heartbeat, recover_stale, this_process
 from ..gpu import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
-from ._threads import GpuLane, Storer, compile_pool
-from ..study import finish, finish_duplicate, finished, stop_cleanly
+from ..outcome import Outcome, Status
 from ..problem import Problem
-from ..search import OptunaSearch, Search, distributions
+from ..search import Search, distributions
 from ..space import Config, Space, config_key
-from ..study import reading, retrying
-from ..study import TrialStatus
-from ..study import TrialRef, create_running_trial
+from ..study import (
+    HEARTBEAT_INTERVAL_S,
+    OWNER,
+    Heartbeat,
+    TrialRef,
+    create_running_trial,
+    finish,
+    finish_duplicate,
+    finished,
+    reading,
+    recover_stale,
+    retrying,
+    stop_cleanly,
+    this_process,
+)
+from ._contracts import Compile, Measure
+from ._threads import GpuLane, Storer, compile_pool
 
 __all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
-
-Measure = Callable[[MeasureJob], MeasureResult]
 
 
 def default_compile_workers() -> int:
@@ -204,7 +219,7 @@ class _StudyState:
         first_read, self._reads = self._reads == 0, self._reads + 1
         for t in trials:
             if t.state == TrialState.RUNNING:
-                if t._trial_id not in self.mine:
+                if st.trial_id_of(t) not in self.mine:
                     self.running_elsewhere += 1
                     self.others_seen = True
                     if t.params:
@@ -212,7 +227,7 @@ class _StudyState:
             elif t.state == TrialState.WAITING:
                 self.waiting += 1
             elif t.number not in self._done and t.state.is_finished():
-                self.others_seen |= not first_read and t._trial_id not in self.mine
+                self.others_seen |= not first_read and st.trial_id_of(t) not in self.mine
                 self.record(t, search)
 
     def record(self, t: FrozenTrial, search: Search) -> None:
@@ -239,32 +254,34 @@ class TuneLoop:
     study, settle the measurements that finished, fill the compile queue (enqueued configs first, then
     the search's proposals, else a random unseen one), hand compiled configs to idle GPUs, and wait for
     the next compile or measurement to finish; stop when the budget is reached, time is up, or nothing
-    is left to propose. ``measure``: one function per GPU (or one function: one GPU); one that has a
-    ``prepare(problem, measure_settings)`` method gets that called first, while the first configs compile."""
+    is left to propose. ``measure``: one :class:`Measure` per GPU (or one: one GPU), each prepared first,
+    while the first configs compile. ``search`` proposes the configs (the caller's: :func:`tuner.search.make_search`).
+    ``seed``: the loop's own random draws (exploration), default ``settings.measure.seed``; the same seeds
+    (this and the search's) give the same run."""
 
     def __init__(self, study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
-                 measure: Measure | Sequence[Measure], settings: TuneSettings, *,
-                 search: Search | None = None, compiler: Callable[..., CompileOutcome] = compile_outcome,
-                 progress: Callable[[dict[str, Any]], None] | None = None, pool: cf.Executor | None = None) -> None:
+                 measure: Measure | Sequence[Measure], settings: TuneSettings, *, search: Search,
+                 compiler: Compile = compile_outcome, progress: Callable[[dict[str, Any]], None] | None = None,
+                 pool: cf.Executor | None = None, seed: int | None = None) -> None:
         self.study, self.space, self.problem, self.device = study, space, problem, device
         self.settings, self.compiler, self.progress = settings, compiler, progress
-        measures = [measure] if callable(measure) else list(measure)
+        measures = [measure] if isinstance(measure, Measure) else list(measure)
         if not measures:
             raise ValueError("the tuning loop needs a GPU to measure on")
         inline = settings.compile_workers == 0
-        self.lanes = [GpuLane(m, index=i, inline=inline, prepare=_preparation(m, problem, settings.measure))
+        self.lanes = [GpuLane(m, index=i, inline=inline, problem=problem, settings=settings.measure)
                       for i, m in enumerate(measures)]
         self.window = settings.window(len(self.lanes))
-        # by default the study's own sampler, run in memory (see tuner.search)
-        self.search = search or OptunaSearch(space, problem, device, settings.measure.seed, study.sampler)
+        self.search = search
         self.dists = distributions(space)
         self.summary = TuneSummary()
         self.stats = RunStats(started=datetime.now().isoformat(timespec="seconds"), gpus=len(self.lanes),
                               measured_per_gpu=[0] * len(self.lanes))
         self.state = _StudyState()
         self.held = _Held()
-        self.heartbeat = Heartbeat(study._storage)
-        self.rng = random.Random(f"{settings.measure.seed}-{os.getpid()}")  # processes on one study explore apart
+        self.heartbeat = Heartbeat(st.study_storage(study))
+        # processes on one study explore apart through their seeds (tuner.run: salted per host and GPU)
+        self.rng = random.Random(f"explore-{settings.measure.seed if seed is None else seed}")
         self.storage_call = functools.partial(retrying, attempts=settings.storage_retries,
                                               first_delay_s=settings.storage_retry_delay_s)
         self.start = time.monotonic()
@@ -436,7 +453,7 @@ class TuneLoop:
             self.summary.duplicates += 1
         elif (reason := self.space.check(config, self.problem, self.device)) is not None:
             self.state.seen[key] = finish(self.study, ref, self.storage_call, config=config, dists=self.dists,
-                                          status=TrialStatus.INFEASIBLE, reason=reason)
+                                          status=Status.INFEASIBLE, reason=reason)
             self.summary.infeasible += 1
             self._report("infeasible")
         else:
@@ -471,35 +488,37 @@ class TuneLoop:
         settled = 0
         while idle and (item := self._next_compiled()) is not None:
             job = self._job_for(item)
-            if isinstance(job, dict):  # the compile's outcome: nothing to measure
+            if not job.ok or job.payload is None:  # the compile failed or is overdue: nothing to measure
                 self.held.compiling.remove(item)
                 self._settle(item, job)
                 settled += 1
                 continue
             item.lane = idle.pop(0)
-            item.future = item.lane.start(job)
+            item.future = item.lane.start(job.payload)
             self.held.measuring.append(item)
             self.held.compiling.remove(item)
         return settled
 
-    def _job_for(self, item: _Pending) -> MeasureJob | dict[str, Any]:
-        """The measurement job of a compiled config, or the outcome of a compile that failed or is overdue."""
+    def _job_for(self, item: _Pending) -> Outcome[MeasureJob]:
+        """A compiled config's outcome: ok with its measurement job (and its compile figures as attributes),
+        or why there is none (the compile failed, its process died, or it is overdue)."""
         if not item.future.done():
-            return {"status": TrialStatus.COMPILE_TIMEOUT,
-                    "reason": f"compile took over {self.settings.compile_timeout_s:.0f} s"}
+            return Outcome(status=Status.COMPILE_TIMEOUT,
+                           reason=f"compile took over {self.settings.compile_timeout_s:.0f} s")
         try:
-            outcome: CompileOutcome = item.future.result()
+            compiled: Outcome[CompiledKernel] = item.future.result()
         except cf.process.BrokenProcessPool as e:
-            return {"status": TrialStatus.COMPILE_ERROR, "reason": f"compile process died: {e}"}
-        if outcome.status != "ok" or outcome.kernel is None:
-            return {"status": outcome.status, "reason": outcome.reason}
-        kernel = outcome.kernel
+            return Outcome(status=Status.COMPILE_ERROR, reason=f"compile process died: {e}")
+        kernel = compiled.payload
+        if not compiled.ok or kernel is None:
+            return Outcome(status=compiled.status, reason=compiled.reason)
         item.attrs = {
             st.RESOURCES: kernel.resources.to_dict(),
             st.COMPILE: {"seconds": round(kernel.seconds, 3), "cached": kernel.cached, "arch": kernel.arch},
         }
-        return measure_job_for(self.space, item.config, self.problem, self.device, kernel, self.settings.measure,
-                               tag=f"trial-{item.trial.number}")
+        job = measure_job_for(self.space, item.config, self.problem, self.device, kernel, self.settings.measure,
+                              tag=f"trial-{item.trial.number}")
+        return Outcome(status=Status.OK, payload=job, attrs=item.attrs)
 
     def _wait(self) -> None:
         """Until a measurement finishes, or, while a GPU is idle, a compile (or a compile falls overdue).
@@ -529,21 +548,15 @@ class TuneLoop:
             self.stats.measured += 1
             self.stats.measured_per_gpu[item.lane.index] += 1
             self.stats.kernel_s += _kernel_seconds(result)
-            attrs = {**item.attrs, st.MEASUREMENT: {k: v for k, v in result.to_dict().items()
-                                                    if k not in ("status", "detail")}}
-            if result.ok:
-                outcome = {"status": TrialStatus.OK, "attrs": attrs, "value": result.tflops}
-            else:
-                outcome = {"status": result.status, "reason": result.detail, "attrs": attrs}
             self.held.measuring.remove(item)
-            self._settle(item, outcome)
+            self._settle(item, _measured(result, item.attrs))
 
-    def _settle(self, item: _Pending, outcome: dict[str, Any]) -> None:
+    def _settle(self, item: _Pending, outcome: Outcome[Any]) -> None:
         """Count an evaluated config's outcome now (the study is re-read only every refresh_interval_s) and
         queue it for storing, with the enqueued duplicates of its config."""
         self.summary.evaluated += 1
         key = config_key(item.config)
-        frozen = finished(item.trial, item.config, self.dists, **outcome)
+        frozen = finished(item.trial, item.config, self.dists, **outcome.stored())
         if frozen.state != TrialState.COMPLETE:
             self.summary.failed += 1
         self.state.record(frozen, self.search)
@@ -552,12 +565,12 @@ class TuneLoop:
         self.storer.submit(functools.partial(self._store, item.trial, item.config, outcome, duplicates, frozen))
         self._report("trial")
 
-    def _store(self, trial: TrialRef, config: Config, outcome: dict[str, Any], duplicates: list[TrialRef],
+    def _store(self, trial: TrialRef, config: Config, outcome: Outcome[Any], duplicates: list[TrialRef],
                frozen: FrozenTrial) -> None:
         """On the storing thread: the trial's outcome, then the enqueued duplicates of its config; each trial's
         heartbeat stops once it is stored."""
         t0 = time.monotonic()
-        finish(self.study, trial, self.storage_call, config=config, dists=self.dists, **outcome)
+        finish(self.study, trial, self.storage_call, config=config, dists=self.dists, **outcome.stored())
         self.heartbeat.release(trial.trial_id)
         for duplicate in duplicates:
             finish_duplicate(self.study, duplicate, frozen, self.storage_call, self.dists)
@@ -577,7 +590,7 @@ class TuneLoop:
         s.wall_s = time.monotonic() - self.start
         s.evaluated = self.summary.evaluated
         s.prepare_s = sum(lane.prepared.result() for lane in self.lanes
-                          if lane.prepared is not None and lane.prepared.done() and lane.prepared.exception() is None)
+                          if lane.prepared.done() and lane.prepared.exception() is None)
         s.search_asks, s.search_infeasible, s.search_repeats = (self.search.stats.asks, self.search.stats.infeasible,
                                                                 self.search.stats.repeats)
         self.summary.stats = s
@@ -621,14 +634,14 @@ class TuneLoop:
 
 
 def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
-         measure: Measure | Sequence[Measure], settings: TuneSettings, *,
-         search: Search | None = None, compiler: Callable[..., CompileOutcome] = compile_outcome,
-         progress: Callable[[dict[str, Any]], None] | None = None, pool: cf.Executor | None = None) -> TuneSummary:
+         measure: Measure | Sequence[Measure], settings: TuneSettings, *, search: Search,
+         compiler: Compile = compile_outcome, progress: Callable[[dict[str, Any]], None] | None = None,
+         pool: cf.Executor | None = None, seed: int | None = None) -> TuneSummary:
     """Run trials until the study holds ``settings.n_trials`` evaluated trials, time is up, or the space is
-    exhausted (see :class:`TuneLoop`). ``measure``: one function per GPU; ``search`` defaults to the study's
-    own sampler, run in memory; ``pool`` to a compile pool of the loop's own."""
+    exhausted (see :class:`TuneLoop`). ``measure``: one per GPU; ``search``: what proposes the configs;
+    ``pool``: a compile pool (default: one of the loop's own); ``seed``: the loop's own random draws."""
     return TuneLoop(study, space, problem, device, measure, settings, search=search, compiler=compiler,
-                    progress=progress, pool=pool).run()
+                    progress=progress, pool=pool, seed=seed).run()
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -674,9 +687,14 @@ def _draw(trial: Trial, dists: dict[str, Any]) -> dict[str, Any]:
     return {name: trial.suggest_categorical(name, dist.choices) for name, dist in dists.items()}
 
 
-def _preparation(measure: Measure, problem: Problem, settings: MeasureSettings) -> Callable[[], object] | None:
-    prepare = getattr(measure, "prepare", None)
-    return functools.partial(prepare, problem, settings) if callable(prepare) else None
+def _measured(result: MeasureResult, attrs: dict[str, Any]) -> Outcome[MeasureResult]:
+    """A measurement as the trial's outcome: its figures stored beside the compile's ``attrs``; its TFLOPS
+    the value when it is ok, its detail the reason when it is not."""
+    figures = {k: v for k, v in result.to_dict().items() if k not in ("status", "detail")}
+    stored = {**attrs, st.MEASUREMENT: figures}
+    if result.ok:
+        return Outcome(status=Status.OK, payload=result, value=result.tflops, attrs=stored)
+    return Outcome(status=result.status, reason=result.detail, payload=result, attrs=stored)
 
 
 def _kernel_seconds(result: MeasureResult) -> float:

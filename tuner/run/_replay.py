@@ -1,11 +1,12 @@
 """Replay: the real tuning loop with every measurement looked up in a stored study that holds the whole space.
 
-``flashtune replay --storage URL --study NAME`` runs :class:`tuner.tune.TuneLoop` as a tuning run
+``flashtune replay --storage URL --study NAME`` runs :class:`~._loop.TuneLoop` as a tuning run
 would (same search strategies, static checks, exploration, budget accounting, the default config
 first) on an in-memory study, but a trial's TFLOPS come from the stored study (an exhaustive
 ``--sampler grid`` sweep) instead of the GPU, and nothing is compiled. Kernel Tuner calls this
 simulation mode. It answers, without a GPU and for many seeds, how many evaluations a search
-needs to come near the best config the sweep found.
+needs to come near the best config the sweep found. A run's every random choice follows its seed,
+so the same seeds give the same figures, in any process.
 """
 
 from __future__ import annotations
@@ -22,18 +23,29 @@ import optuna
 from optuna.trial import TrialState
 
 from .. import study as st
-from ..compile import CompiledKernel, CompileOutcome
+from ..compile import CompiledKernel, CompileOutcome, Resources
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
 from ..gpu import MeasureJob, MeasureResult, MeasureSettings
+from ..outcome import Status
 from ..problem import Problem
-from ..compile import Resources
-from ..search import make_sampler, make_search
+from ..search import check_search, make_search
 from ..space import Config, Space, SpaceError, config_key, load_space
+from ._contracts import MeasureFunction
 from ._loop import TuneLoop, TuneSettings
 
-__all__ = ["Oracle", "ReplayError", "ReplayRun", "format_markdown", "format_table", "load_oracle", "replay", "summarize",
-           "THRESHOLDS", "CHECKPOINTS"]
+__all__ = [
+    "CHECKPOINTS",
+    "THRESHOLDS",
+    "Oracle",
+    "ReplayError",
+    "ReplayRun",
+    "format_markdown",
+    "format_table",
+    "load_oracle",
+    "replay",
+    "summarize",
+]
 
 THRESHOLDS = (0.01, 0.02, 0.05)  # within 1%, 2%, 5% of the stored best
 CHECKPOINTS = (25, 50, 100)  # best-so-far after this many evaluations
@@ -75,8 +87,8 @@ class Oracle:
     def measure(self, job: MeasureJob) -> MeasureResult:
         tflops = self.tflops(job.config)
         if tflops is None:
-            return MeasureResult(status="wrong_result", detail="failed in the stored study")
-        return MeasureResult(status="ok", tflops=tflops, latency_ms=self.problem.flops / (tflops * 1e9), reps=1)
+            return MeasureResult(status=Status.WRONG_RESULT, detail="failed in the stored study")
+        return MeasureResult(status=Status.OK, tflops=tflops, latency_ms=self.problem.flops / (tflops * 1e9), reps=1)
 
 
 def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_path: str | Path | None = None) -> Oracle:
@@ -86,24 +98,24 @@ def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_pat
     except KeyError:
         raise ReplayError(f"no study named {study_name!r} in that storage (`flashtune studies` lists them)") from None
     attrs = study.user_attrs
-    if not isinstance(attrs.get("flashtune"), dict):
+    if not isinstance(attrs.get(st.MADE_BY), dict):
         raise ReplayError(f"study {study_name!r} was not made by flashtune")
     try:
-        space = load_space(space_path or attrs["family"])
+        space = load_space(space_path or attrs[st.FAMILY])
     except SpaceError as e:
         raise ReplayError(f"{e}; give the space file the study was measured with (--space FILE)") from None
-    if attrs.get("space_digest") != st.space_digest(space):
+    if attrs.get(st.SPACE_DIGEST) != st.space_digest(space):
         raise ReplayError(f"study {study_name!r} was measured on other knobs than {space.path}: give the space file "
                           "it was measured with (--space FILE)")
     results: dict[str, float | None] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if not t.params or st.DUPLICATE_OF in t.user_attrs or st.TrialStatus.of(t) is st.TrialStatus.INFEASIBLE:
+        if not t.params or st.DUPLICATE_OF in t.user_attrs or Status.of(t) is Status.INFEASIBLE:
             continue
         results.setdefault(config_key(t.params), t.value if t.state == TrialState.COMPLETE else None)
     if not any(v is not None for v in results.values()):
         raise ReplayError(f"study {study_name!r} holds no successful trial")
     return Oracle(study_name=study_name, space=space, problem=st.study_problem(study),
-                  device=DeviceLimits.from_info(attrs["gpu"]), results=results)
+                  device=DeviceLimits.from_info(attrs[st.GPU]), results=results)
 
 
 @dataclass
@@ -133,8 +145,8 @@ class ReplayRun:
 
 def _stand_in_compile(space_path: str, config: dict[str, int], problem: Problem, device: DeviceLimits) -> CompileOutcome:
     resources = Resources(registers=0, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0)
-    return CompileOutcome(status="ok", kernel=CompiledKernel(cubin_path="", entry="", arch="", options=(),
-                                                             resources=resources, seconds=0.0, cached=True))
+    return CompileOutcome(status=Status.OK, payload=CompiledKernel(cubin_path="", entry="", arch="", options=(),
+                                                                   resources=resources, seconds=0.0, cached=True))
 
 
 def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int = 1) -> ReplayRun:
@@ -148,8 +160,8 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
     search = make_search(sampler, oracle.space, oracle.problem, oracle.device, seed)
     settings = TuneSettings(n_trials=budget, compile_workers=0, compile_ahead=window,
                             measure=MeasureSettings(seed=seed))
-    loop = TuneLoop(study, oracle.space, oracle.problem, oracle.device, oracle.measure, settings, search=search,
-                    compiler=_stand_in_compile)
+    loop = TuneLoop(study, oracle.space, oracle.problem, oracle.device, MeasureFunction(oracle.measure), settings,
+                    search=search, compiler=_stand_in_compile, seed=seed)
     summary = loop.run()
     evaluated = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
                  if st.is_evaluated(t)]
@@ -171,7 +183,7 @@ def replay(oracle: Oracle | Callable[[int], Oracle], samplers: Sequence[str], se
     that makes each run's own (a synthetic landscape per seed; picklable when ``jobs`` > 1)."""
     first = oracle if isinstance(oracle, Oracle) else oracle(seeds[0])
     for name in samplers:
-        make_sampler(name, first.space, 0)  # an unknown name, or missing dependencies: say so before any run
+        check_search(name, first.space)  # an unknown name, or missing dependencies: say so before any run
     tasks = [(name, seed) for name in samplers for seed in seeds]
     if jobs <= 1:
         runs = []

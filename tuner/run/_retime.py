@@ -19,11 +19,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from .. import study as st
-from ..compile import CompileOutcome, compile_outcome
+from ..compile import compile_outcome
 from ..devices import DeviceLimits
 from ..gpu import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
 from ..problem import Problem
-from ..space import Space, config_key
+from ..space import Config, Space, config_key
+from ._contracts import Compile
 
 __all__ = ["retime_top"]
 
@@ -60,31 +61,51 @@ def within_noise_of_best(ranked: list[FrozenTrial], top_k: int) -> list[FrozenTr
 
 def retime_top(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
                measure: Callable[[MeasureJob], MeasureResult], *, top_k: int = 5, rounds: int = 3,
-               settings: MeasureSettings | None = None,
-               compiler: Callable[..., CompileOutcome] = compile_outcome) -> dict[str, Any] | None:
+               settings: MeasureSettings | None = None, compiler: Compile = compile_outcome) -> dict[str, Any] | None:
     """Re-time the configs that may be the best (:func:`within_noise_of_best`, at most ``top_k``) and the
     default, interleaved over ``rounds``; store and return the winner."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     # the trials were checked on the inputs the worker kept for the study; here on new ones, each round
     settings = dataclasses.replace(settings or MeasureSettings(), check=True, fresh_inputs=True)
+    candidates = _candidates(study, space, problem, top_k)
+    if not candidates:
+        return None
+    jobs: dict[str, MeasureJob] = {}
+    for key, (number, config) in candidates.items():
+        compiled = compiler(str(space.path), config, problem, device)  # served by the cubin cache
+        if compiled.ok and compiled.payload is not None:
+            jobs[key] = measure_job_for(space, config, problem, device, compiled.payload, settings,
+                                        tag=f"retime-{number}")
+    timed, rejected = _rounds(jobs, measure, rounds)
+    if not timed:
+        return None
+    entry = _winner_entry(study, problem, candidates, timed, rejected, space.defaults(problem.head_dim), rounds)
+    study.set_user_attr(st.WINNER, entry)
+    return entry
+
+
+def _candidates(study: optuna.Study, space: Space, problem: Problem, top_k: int) -> dict[str, tuple[int, Config]]:
+    """config key -> (trial number, config) of the trials that may be the best, and of the default's trial;
+    empty when no trial completed."""
     complete = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                        if st.DUPLICATE_OF not in t.user_attrs), key=lambda t: t.value, reverse=True)
     if not complete:
-        return None
-    candidates: dict[str, tuple[int, dict[str, int]]] = {}
+        return {}
+    candidates: dict[str, tuple[int, Config]] = {}
     for t in within_noise_of_best(complete, top_k):
         candidates.setdefault(config_key(t.params), (t.number, space.validate(t.params)))
-    default = space.defaults(problem.head_dim)
     default_trial = st.default_trial(study)
     if default_trial is not None:
+        default = space.defaults(problem.head_dim)
         candidates.setdefault(config_key(default), (default_trial.number, default))
+    return candidates
 
-    jobs: dict[str, MeasureJob] = {}
-    for key, (number, config) in candidates.items():
-        outcome = compiler(str(space.path), config, problem, device)  # served by the cubin cache
-        if outcome.status == st.TrialStatus.OK and outcome.kernel is not None:
-            jobs[key] = measure_job_for(space, config, problem, device, outcome.kernel, settings, tag=f"retime-{number}")
+
+def _rounds(jobs: dict[str, MeasureJob], measure: Callable[[MeasureJob], MeasureResult],
+            rounds: int) -> tuple[dict[str, float], dict[str, MeasureResult]]:
+    """Measure every job once a round, in the same order each round: each job's median latency (ms) over
+    the rounds, and the result of each job that failed a round (it is out from then on)."""
     samples: dict[str, list[float]] = {key: [] for key in jobs}
     rejected: dict[str, MeasureResult] = {}
     for _ in range(rounds):
@@ -96,13 +117,17 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
                 samples[key].append(result.latency_ms)
             else:
                 rejected[key] = result
-    timed = {key: statistics.median(v) for key, v in samples.items() if len(v) == rounds}
-    if not timed:
-        return None
+    return {key: statistics.median(v) for key, v in samples.items() if len(v) == rounds}, rejected
+
+
+def _winner_entry(study: optuna.Study, problem: Problem, candidates: dict[str, tuple[int, Config]],
+                  timed: dict[str, float], rejected: dict[str, MeasureResult], default: Config,
+                  rounds: int) -> dict[str, Any]:
+    """The study's ``winner`` attribute: the fastest re-timed config, against the default, with every candidate."""
     best_key = min(timed, key=timed.__getitem__)
     number, config = candidates[best_key]
     default_ms = timed.get(config_key(default))
-    entry = {
+    return {
         "config": config,
         "trial": number,
         "latency_ms": timed[best_key],
@@ -118,5 +143,3 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
                      for k, r in rejected.items()],
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    study.set_user_attr("winner", entry)
-    return entry

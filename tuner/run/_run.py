@@ -1,9 +1,12 @@
 """Running a study on one host: one tuning loop drives the host's GPUs, a GPU worker each.
 
-``flashtune tune`` creates (or resumes) the study, then calls :func:`run_on_gpus`; ``flashtune
-worker`` joins an existing study from any host through :func:`spec_from_study`. Hosts share
-nothing but the storage, so a study can take any number of them on a shared PostgreSQL
-database. A suite (:func:`tune_suite`) gives each GPU a process of its own and its own studies.
+``flashtune tune`` creates (or resumes) the study (:func:`prepare_study`), then calls
+:func:`run_on_gpus`; ``flashtune worker`` joins an existing study from any host through
+:func:`join_study`. Either gives a :class:`TuningRun`: the picklable :class:`RunSpec` (names only,
+what another process gets) with the space, storage and study it names, resolved once in this
+process and passed down to the loop and the re-timing. Hosts share nothing but the storage, so a
+study can take any number of them on a shared PostgreSQL database. A suite (:func:`tune_suite`)
+gives each GPU a process of its own and its own studies.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import dataclasses
 import importlib
 import math
 import multiprocessing as mp
-import os
 import socket
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,21 +29,22 @@ import optuna
 from .. import study as st
 from ..devices import DeviceLimits, gpu_unavailable
 from ..errors import UsageError
-from ..study import requeue_stale
-from ..gpu import MeasureJob, MeasureResult, MeasureSettings
+from ..gpu import GpuHandler, MeasureJob, MeasureResult, MeasureSettings
 from ..problem import Problem
-from ._progress import Progress
-from ..search import make_sampler, make_search
+from ..search import DEFAULT_SEARCH, make_sampler, make_search
 from ..space import Config, Space, available_families, load_space
-from ..study import mask_url, open_storage, retrying
-from ..study import Suite
+from ..study import Suite, mask_url, open_storage, requeue_stale
 from ..text import printable
-from ._threads import compile_pool
 from ._loop import TuneSettings, TuneSummary, tune
+from ._progress import Progress
+from ._threads import compile_pool
 from ._worker import Worker, WorkerError
 
-__all__ = ["RunSpec", "compile_processes", "gpu_infos", "open_gpus", "prepare_study", "retime_winner", "run_on_gpus",
-           "spec_from_study", "tune_suite", "warm_start_configs"]
+__all__ = ["RunSpec", "TuningRun", "compile_processes", "gpu_infos", "join_study", "open_gpus", "prepare_study",
+           "retime_winner", "run_on_gpus", "tune_suite", "warm_start_configs"]
+
+# keys of the study's ``run`` attribute (tuner.study.RUN): how the study is tuned
+_SAMPLER, _SEED, _TARGET_TRIALS = "sampler", "seed", "target_trials"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,23 +55,46 @@ class RunSpec:
     problem: Problem
     storage_url: str
     study_name: str = ""
-    sampler: str = "pattern"
+    sampler: str = DEFAULT_SEARCH  # the search's name (tuner.search.SEARCHES)
     seed: int | None = None
     settings: TuneSettings = field(default_factory=TuneSettings)
-    handler: str = "tuner.gpu._measure"  # the GPU worker's module (tests substitute a stand-in)
+    handler: type[GpuHandler] | None = None  # the GPU worker's handler (None: CupyHandler; tests substitute one)
     compiler: str = "tuner.compile:compile_outcome"  # "module:function" run in the compile pool
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuningRun:
+    """A study opened in this process: its :class:`RunSpec` and what the spec names, resolved once (the space
+    loaded, the storage opened, the study loaded). Made by :func:`prepare_study` or :func:`join_study`."""
+
+    spec: RunSpec
+    space: Space
+    storage: optuna.storages.BaseStorage
+    study: optuna.Study
+
+    @property
+    def study_name(self) -> str:
+        return self.spec.study_name
+
+    @property
+    def storage_url(self) -> str:
+        return self.spec.storage_url
+
+    @property
+    def settings(self) -> TuneSettings:
+        return self.spec.settings
 
 
 @contextlib.contextmanager
 def open_gpus(gpus: list[int],
-              handler: str = "tuner.gpu._measure") -> Iterator[tuple[list[Worker], list[dict[str, Any]]]]:
+              handler: type[GpuHandler] | None = None) -> Iterator[tuple[list[Worker], list[dict[str, Any]]]]:
     """A GPU worker per GPU, all started at once, and what each GPU reports; refuses a mix of GPU models
     (their timings do not compare). The workers are closed on leaving."""
     workers = [Worker(device=index, handler=handler) for index in gpus]
 
     def info(worker: Worker) -> dict[str, Any]:
         try:
-            return worker.call("device_info", timeout_s=120)
+            return worker.device_info(timeout_s=120)
         except WorkerError as e:
             raise gpu_unavailable(worker.device, str(e)) from None
 
@@ -84,15 +111,17 @@ def open_gpus(gpus: list[int],
             worker.close()
 
 
-def gpu_infos(gpus: list[int], handler: str = "tuner.gpu._measure") -> list[dict[str, Any]]:
+def gpu_infos(gpus: list[int], handler: type[GpuHandler] | None = None) -> list[dict[str, Any]]:
     """What each GPU's worker reports (see :func:`open_gpus`); the workers are closed again."""
     with open_gpus(gpus, handler) as (_, infos):
         return infos
 
 
-def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
-    """Create or resume the study and record how to join it; returns the spec with the study's name."""
-    space = load_space(spec.family)
+def prepare_study(spec: RunSpec, info: dict[str, Any], *, space: Space | None = None,
+                  storage: optuna.storages.BaseStorage | None = None) -> TuningRun:
+    """Create or resume the study and record how to join it. ``space`` and ``storage``: the spec's family
+    and storage when the caller has them open already (else loaded and opened here)."""
+    space = space if space is not None else load_space(spec.family)
     unsupported = space.supports(spec.problem)
     if unsupported:
         raise UsageError(unsupported)
@@ -102,12 +131,12 @@ def prepare_study(spec: RunSpec, info: dict[str, Any]) -> RunSpec:
         others = [f for f in available_families() if load_space(f).runs_on(device.arch) is None]
         raise UsageError(f"{wrong_arch} ({info['name']})"
                          + (f"; families that run there: {', '.join(others)}" if others else ""))
-    storage = _open(spec.storage_url)
+    storage = storage if storage is not None else _open(spec.storage_url)
     name = spec.study_name or st.default_study_name(space, device.arch, str(info["name"]), spec.problem)
     study = st.open_study(storage=storage, name=name, space=space, problem=spec.problem, gpu=info,
                           sampler=make_sampler(spec.sampler, space, spec.seed))
-    study.set_user_attr(st.RUN, {"sampler": spec.sampler, "seed": spec.seed, "target_trials": spec.settings.n_trials})
-    return dataclasses.replace(spec, study_name=name)
+    study.set_user_attr(st.RUN, {_SAMPLER: spec.sampler, _SEED: spec.seed, _TARGET_TRIALS: spec.settings.n_trials})
+    return TuningRun(spec=dataclasses.replace(spec, study_name=name), space=space, storage=storage, study=study)
 
 
 def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, problem: Problem, device: DeviceLimits,
@@ -123,12 +152,12 @@ def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, probl
     candidates = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         attrs = summary.user_attrs
-        if not isinstance(attrs.get("flashtune"), dict) or attrs.get("family") != space.name:
+        if not isinstance(attrs.get(st.MADE_BY), dict) or attrs.get(st.FAMILY) != space.name:
             continue
-        if (attrs.get("gpu") or {}).get("name") != gpu_name or attrs.get("space_digest") != st.space_digest(space):
+        if (attrs.get(st.GPU) or {}).get("name") != gpu_name or attrs.get(st.SPACE_DIGEST) != st.space_digest(space):
             continue
         try:
-            other = Problem.from_dict(dict(attrs.get("problem") or {}))
+            other = Problem.from_dict(dict(attrs.get(st.PROBLEM) or {}))
         except (TypeError, ValueError):
             continue
         if other == problem or (other.dtype, other.head_dim) != (problem.dtype, problem.head_dim):
@@ -151,9 +180,9 @@ def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, probl
     return chosen
 
 
-def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
-                    settings: TuneSettings | None = None) -> RunSpec:
-    """The spec of an existing study, for `flashtune worker` on another host."""
+def join_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
+               settings: TuneSettings | None = None) -> TuningRun:
+    """An existing study, opened for `flashtune worker` on another host, with the spec it was created with."""
     storage = open_storage(storage_url, create=False, stale_trial_callback=requeue_stale)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -162,30 +191,31 @@ def spec_from_study(storage_url: str, study_name: str, *, n_trials: int | None =
                          "`flashtune tune` first (`flashtune studies` lists what is there)") from None
     meta = st.StudyMeta.read(study)
     base = settings or TuneSettings()
-    target = n_trials if n_trials is not None else meta.run.get("target_trials", base.n_trials)
-    return RunSpec(family=meta.family, problem=meta.problem, storage_url=storage_url, study_name=study_name,
-                   sampler=meta.run.get("sampler", "pattern"), seed=meta.run.get("seed"),
+    target = n_trials if n_trials is not None else meta.run.get(_TARGET_TRIALS, base.n_trials)
+    spec = RunSpec(family=meta.family, problem=meta.problem, storage_url=storage_url, study_name=study_name,
+                   sampler=meta.run.get(_SAMPLER, DEFAULT_SEARCH), seed=meta.run.get(_SEED),
                    settings=dataclasses.replace(base, n_trials=target))
+    return TuningRun(spec=spec, space=load_space(spec.family), storage=storage, study=study)
 
 
-def retime_winner(spec: RunSpec, gpu: int, *, top_k: int, rounds: int, worker: Worker | None = None) -> optuna.Study:
+def retime_winner(run: TuningRun, gpu: int, *, top_k: int, rounds: int, worker: Worker | None = None) -> optuna.Study:
     """Re-time the study's best ``top_k`` configs and the default on ``gpu`` (``top_k`` 0: none), with
     ``worker`` when given (else one of its own); the winner is stored on the study. Returns the study."""
     from ._retime import retime_top
 
-    study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
+    spec = run.spec
     if top_k > 0:
         print(f"re-timing the configs within the noise of the best (at most {top_k}) and the default, "
               f"{rounds} rounds ...", file=sys.stderr)
         with contextlib.ExitStack() as stack:
             if worker is None:
                 worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))
-            device = DeviceLimits.from_info(worker.call("device_info", timeout_s=120))
+            device = DeviceLimits.from_info(worker.device_info(timeout_s=120))
             timeout = spec.settings.trial_timeout_s
-            retime_top(study, load_space(spec.family), spec.problem, device,
+            retime_top(run.study, run.space, spec.problem, device,
                        lambda job: worker.measure(job, timeout_s=timeout), top_k=top_k, rounds=rounds,
                        settings=spec.settings.measure)
-    return study
+    return run.study
 
 
 def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, top_k: int,
@@ -211,7 +241,7 @@ def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[st
             todo.append((head, problem))
     base = dataclasses.replace(base, family=suite.family, study_name="")
     if len(gpus) == 1:
-        _suite_on_gpu(base, todo, gpus[0], infos[0], top_k, rounds, on_done, label="")
+        _suite_on_gpu(base, todo, gpus[0], infos[0], top_k, rounds, on_done, label="", space=space, storage=storage)
         return
     share = max(1, base.settings.compile_workers // len(gpus))
     per_gpu = dataclasses.replace(base, settings=dataclasses.replace(base.settings, compile_workers=share))
@@ -244,16 +274,18 @@ def _suite_process(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, inf
 
 
 def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info: dict[str, Any], top_k: int,
-                  rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str) -> None:
-    """The studies ``todo`` on one GPU, with one measuring process and one compile pool for all of them."""
-    space = load_space(base.family)
-    storage = _open(base.storage_url)
+                  rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str, *,
+                  space: Space | None = None, storage: optuna.storages.BaseStorage | None = None) -> None:
+    """The studies ``todo`` on one GPU, with one measuring process and one compile pool for all of them, and
+    the family's space and the storage opened once (given, or opened here: in a GPU's own process)."""
+    space = space if space is not None else load_space(base.family)
+    storage = storage if storage is not None else _open(base.storage_url)
     device = DeviceLimits.from_info(info)
     with Worker(device=gpu, handler=base.handler) as worker, compile_processes(base.settings) as pool:
         for head, problem in todo:
-            spec = prepare_study(dataclasses.replace(base, problem=problem), info)
-            print(f"{label}{head}: study {spec.study_name}", file=sys.stderr)
-            study = optuna.load_study(study_name=spec.study_name, storage=storage)
+            run = prepare_study(dataclasses.replace(base, problem=problem), info, space=space, storage=storage)
+            print(f"{label}{head}: study {run.study_name}", file=sys.stderr)
+            study = run.study
             if not study.user_attrs.get(st.WARM_START):  # once per study, however often the suite is rerun
                 starts = warm_start_configs(storage, space, problem, device, str(info["name"]))
                 for source, config in starts:
@@ -262,8 +294,8 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
                 if starts:
                     print(f"{label}{head}: starts from the winners of {', '.join(s for s, _ in starts)}",
                           file=sys.stderr)
-            run_on_gpu(spec, gpu, label, workers=[worker], pool=pool)
-            study = retime_winner(spec, gpu, top_k=top_k, rounds=rounds, worker=worker)
+            run_on_gpu(run, gpu, label, workers=[worker], pool=pool)
+            study = retime_winner(run, gpu, top_k=top_k, rounds=rounds, worker=worker)
             if on_done is not None:
                 on_done(study)
 
@@ -280,44 +312,43 @@ def compile_processes(settings: TuneSettings) -> Iterator[cf.Executor]:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_on_gpus(spec: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, workers: list[Worker] | None = None,
-                pool: cf.Executor | None = None) -> TuneSummary:
-    """Tune ``spec``'s study on ``gpus`` of this host: one loop, one search and one compile pool, a GPU
-    worker per GPU (see :mod:`tuner.tune`); the workers (:func:`open_gpus`) and pool given, else its own."""
-    stored_gpu = _stored_gpu_name(spec)
+def run_on_gpus(run: TuningRun, gpus: list[int], infos: list[dict[str, Any]], *,
+                workers: list[Worker] | None = None, pool: cf.Executor | None = None) -> TuneSummary:
+    """Tune ``run``'s study on ``gpus`` of this host: one loop, one search and one compile pool, a GPU
+    worker per GPU (see :mod:`._loop`); the workers (:func:`open_gpus`) and pool given, else its own."""
+    stored_gpu = st.StudyMeta.read(run.study).gpu_name
     for index, info in zip(gpus, infos):
         if info["name"] != stored_gpu:
-            raise UsageError(f"GPU {index} is {info['name']!r} but study {spec.study_name!r} is measured on "
+            raise UsageError(f"GPU {index} is {info['name']!r} but study {run.study_name!r} is measured on "
                              f"{stored_gpu!r}; timings do not compare")
-    return run_on_gpu(spec, gpus, info=infos[0], workers=workers, pool=pool)
+    return run_on_gpu(run, gpus, info=infos[0], workers=workers, pool=pool)
 
 
-def run_on_gpu(spec: RunSpec, gpus: int | list[int], label: str = "", *, workers: list[Worker] | None = None,
+def run_on_gpu(run: TuningRun, gpus: int | list[int], label: str = "", *, workers: list[Worker] | None = None,
                pool: cf.Executor | None = None, info: dict[str, Any] | None = None) -> TuneSummary:
-    """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own storage connection and
-    search; the GPU workers (one per GPU, in order) and compile pool given (a suite shares them across its
-    studies), else its own. ``info``: what the GPUs reported (:func:`open_gpus`), else the first worker is
-    asked; given, the loop starts compiling while new workers start."""
+    """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own search, on ``run``'s study;
+    the GPU workers (one per GPU, in order) and compile pool given (a suite shares them across its studies),
+    else its own. ``info``: what the GPUs reported (:func:`open_gpus`), else the first worker is asked;
+    given, the loop starts compiling while new workers start. The search and the loop's own draws follow
+    the spec's seed (salted by host and GPU, so that hosts and GPUs on one study propose apart)."""
+    spec = run.spec
     gpus = [gpus] if isinstance(gpus, int) else list(gpus)
     if workers is not None and [w.device for w in workers] != gpus:
         raise ValueError(f"workers for GPUs {[w.device for w in workers]} given to measure on GPUs {gpus}")
-    space = load_space(spec.family)
-    storage = _open(spec.storage_url)
     seed = None if spec.seed is None else spec.seed + 7919 * gpus[0] + _host_salt()
-    study = retrying(lambda: optuna.load_study(study_name=spec.study_name, storage=storage), what="loading the study")
     module, _, function = spec.compiler.partition(":")
     compiler = getattr(importlib.import_module(module), function)
     with contextlib.ExitStack() as stack:
         if workers is None:
             workers = [stack.enter_context(Worker(device=g, handler=spec.handler)) for g in gpus]
         if info is None:
-            info = workers[0].call("device_info", timeout_s=120)
+            info = workers[0].device_info(timeout_s=120)
         device = DeviceLimits.from_info(info)
         timeout = spec.settings.trial_timeout_s
-        search = make_search(spec.sampler, space, spec.problem, device, seed)
+        search = make_search(spec.sampler, run.space, spec.problem, device, seed)
         measures = [_WorkerGpu(w, timeout) for w in workers]
-        summary = tune(study, space, spec.problem, device, measures, spec.settings, search=search, compiler=compiler,
-                       progress=Progress(prefix=label), pool=pool)
+        summary = tune(run.study, run.space, spec.problem, device, measures, spec.settings, search=search,
+                       compiler=compiler, progress=Progress(prefix=label), pool=pool, seed=seed)
     s = search.stats
     restarts = sum(w.restarts for w in workers)
     print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
@@ -336,19 +367,14 @@ class _WorkerGpu:
     worker: Worker
     timeout_s: float
 
-    def __call__(self, job: MeasureJob) -> MeasureResult:
+    def measure(self, job: MeasureJob) -> MeasureResult:
         return self.worker.measure(job, timeout_s=self.timeout_s)
 
     def prepare(self, problem: Problem, settings: MeasureSettings) -> None:
-        """The problem's inputs and the worker's warm-up, before the first job (a handler without it: skipped;
-        a failure shows again, and is dealt with, in the first job)."""
+        """The problem's inputs and the worker's warm-up, before the first job (a failure shows again,
+        and is dealt with, in the first job)."""
         with contextlib.suppress(WorkerError):
-            self.worker.call("prepare", (problem, settings), timeout_s=max(self.timeout_s, 300.0))
-
-
-def _stored_gpu_name(spec: RunSpec) -> str:
-    study = optuna.load_study(study_name=spec.study_name, storage=_open(spec.storage_url))
-    return st.StudyMeta.read(study).gpu_name
+            self.worker.prepare(problem, settings, timeout_s=max(self.timeout_s, 300.0))
 
 
 def _open(url: str) -> optuna.storages.RDBStorage:
@@ -357,5 +383,6 @@ def _open(url: str) -> optuna.storages.RDBStorage:
 
 
 def _host_salt() -> int:
-    """Different hosts joining one study should not draw the same random proposals."""
-    return hash((socket.gethostname(), os.getpid())) % 100_000
+    """Different hosts joining one study should not draw the same random proposals; a host's salt is the
+    same in every run, so that a seeded run repeats."""
+    return zlib.crc32(socket.gethostname().encode()) % 100_000

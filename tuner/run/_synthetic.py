@@ -32,8 +32,8 @@ import numpy as np
 
 from ..devices import DeviceLimits
 from ..problem import Problem
-from ._replay import Oracle, ReplayError
 from ..space import Config, Space, config_key
+from ._replay import Oracle, ReplayError
 
 __all__ = ["KINDS", "Basin", "Landscape", "SyntheticOracle", "additive", "feasible_configs", "landscapes", "planted"]
 
@@ -276,23 +276,7 @@ def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
     configs = list(feasible_configs(space, problem, device))
     if not any(config_key(c) == config_key(default) for c in configs):
         raise ReplayError(f"the default config of {space.name} is infeasible for {problem.slug()}")
-    weights = [math.exp(rng.gauss(0.0, 1.0)) for _ in names]
-    main = []
-    for k, name in enumerate(names):
-        knob = space.knob(name)
-        if knob.ordered:  # a random walk over the ordered values: neighbouring values have similar effects
-            walk = [0.0]
-            for _ in knob.values[1:]:
-                walk.append(walk[-1] + rng.gauss(0.0, weights[k]))
-            main.append(walk)
-        else:
-            main.append([rng.gauss(0.0, weights[k]) for _ in knob.values])
-    pairs = []
-    for a, b in itertools.combinations(range(len(names)), 2):
-        if rng.random() < pair_share:
-            t = sum(weights) / len(weights) * math.exp(rng.gauss(-0.5, 0.7))
-            pairs.append((a, b, [[rng.gauss(0.0, t) for _ in space.knob(names[b]).values]
-                                 for _ in space.knob(names[a]).values]))
+    main, pairs = _additive_effects(space, names, rng, pair_share)
     idx = np.array([[space.knob(n).values.index(c[n]) for n in names] for c in configs])
     base = sum(np.asarray(main[k])[idx[:, k]] for k in range(len(names)))
     base = base + sum((np.asarray(m)[idx[:, a], idx[:, b]] for a, b, m in pairs), np.zeros(len(configs)))
@@ -308,14 +292,7 @@ def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
         v = scale * base + bonus * matches + noise * gauss
         return math.exp(float(v[is_default][0] - v.max()))
 
-    lo, hi = 0.0, 1.0
-    if default_share(0.0) < target:
-        while default_share(hi) < target:
-            hi *= 2
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if default_share(mid) < target else (lo, mid)
-    bonus = lo if default_share(0.0) < target else 0.0
+    bonus = _bonus_for_share(default_share, target)
     table = tuple(tuple(scale * x + (bonus if i == didx[k] else 0.0) for i, x in enumerate(main[k]))
                   for k in range(len(names)))
     pair_table = tuple((a, b, tuple(tuple(scale * x for x in row) for row in m)) for a, b, m in pairs)
@@ -326,6 +303,45 @@ def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
                           best_tflops=peak_tflops, knob_names=tuple(names),
                           never_fail=frozenset({config_key(configs[int(values.argmax())]), config_key(default)}))
     return SyntheticOracle(f"additive-{seed}", space, problem, device, {}, landscape=landscape, kind="additive")
+
+
+def _additive_effects(space: Space, names: list[str], rng: random.Random, pair_share: float
+                      ) -> tuple[list[list[float]], list[tuple[int, int, list[list[float]]]]]:
+    """An additive landscape's log-TFLOPS effects: per knob of ``names``, one per value (an ordered knob's as
+    a random walk, so that neighbouring values have similar effects), and for a ``pair_share`` of the knob
+    pairs (a, b) an interaction per pair of values."""
+    weights = [math.exp(rng.gauss(0.0, 1.0)) for _ in names]
+    main = []
+    for k, name in enumerate(names):
+        knob = space.knob(name)
+        if knob.ordered:
+            walk = [0.0]
+            for _ in knob.values[1:]:
+                walk.append(walk[-1] + rng.gauss(0.0, weights[k]))
+            main.append(walk)
+        else:
+            main.append([rng.gauss(0.0, weights[k]) for _ in knob.values])
+    pairs = []
+    for a, b in itertools.combinations(range(len(names)), 2):
+        if rng.random() < pair_share:
+            t = sum(weights) / len(weights) * math.exp(rng.gauss(-0.5, 0.7))
+            pairs.append((a, b, [[rng.gauss(0.0, t) for _ in space.knob(names[b]).values]
+                                 for _ in space.knob(names[a]).values]))
+    return main, pairs
+
+
+def _bonus_for_share(default_share: Callable[[float], float], target: float) -> float:
+    """The bonus to the default's values (bisected) that gives the default ``target`` share of the best; 0 when
+    it has that share already."""
+    if default_share(0.0) >= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while default_share(hi) < target:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if default_share(mid) < target else (lo, mid)
+    return lo
 
 
 # -- replaying many landscapes ------------------------------------------------------------------------
@@ -340,13 +356,13 @@ def landscapes(kind: str, space: Space, problem: Problem, device: DeviceLimits) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tuner.synthetic``: replay samplers on one synthetic landscape per seed, as ``flashtune replay``
+    """``python -m tuner.run._synthetic``: replay samplers on one synthetic landscape per seed, as ``flashtune replay``
     does on a stored study."""
     import argparse
 
     from ..devices import limits_for_arch
-    from ._replay import format_markdown, format_table, replay, summarize
     from ..space import load_space
+    from ._replay import format_markdown, format_table, replay, summarize
 
     p = argparse.ArgumentParser(prog="python -m tuner.synthetic", description=main.__doc__)
     p.add_argument("--space", default="sm90", help="family name or space file (default %(default)s)")

@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..gpu import MeasureJob, MeasureResult
+from ..gpu import MeasureJob, MeasureResult, MeasureSettings
+from ..problem import Problem
+from ._contracts import Measure
 
 __all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool"]
 
@@ -92,17 +94,18 @@ class _SerialThread:
 
 class GpuLane:
     """One GPU's measurements, one at a time, on a thread of their own (in the loop's thread when
-    ``inline``). :meth:`start` returns a future of (result, seconds the measurement took). ``prepare``,
-    if given, runs first (the worker makes the problem's inputs and warms up; see
-    :func:`tuner.gpu.measure.prepare`); :attr:`prepared` is its future (of its seconds, or its error)."""
+    ``inline``). :meth:`start` returns a future of (result, seconds the measurement took). The GPU is
+    prepared for ``problem`` first (the worker makes the problem's inputs and warms up; see
+    :meth:`Measure.prepare <._contracts.Measure.prepare>`); :attr:`prepared` is its future (of its seconds,
+    or its error)."""
 
-    def __init__(self, measure: Callable[[MeasureJob], MeasureResult], *, index: int = 0, inline: bool = False,
-                 prepare: Callable[[], object] | None = None) -> None:
-        self.measure = measure
+    def __init__(self, gpu: Measure, *, problem: Problem, settings: MeasureSettings, index: int = 0,
+                 inline: bool = False) -> None:
+        self.gpu = gpu
         self.index = index
         self.busy = False
         self._thread = None if inline else _SerialThread(f"flashtune-gpu-lane-{index}")
-        self.prepared: cf.Future | None = self._run(functools.partial(_seconds, prepare)) if prepare else None
+        self.prepared: cf.Future = self._run(functools.partial(_seconds, gpu.prepare, problem, settings))
 
     def _run(self, call: Callable[[], Any]) -> cf.Future:
         return self._thread.submit(call) if self._thread is not None else _InlineExecutor().submit(call)
@@ -113,7 +116,7 @@ class GpuLane:
 
     def _timed(self, job: MeasureJob) -> tuple[MeasureResult, float]:
         t0 = time.monotonic()
-        result = self.measure(job)
+        result = self.gpu.measure(job)
         return result, time.monotonic() - t0
 
     def close(self) -> None:
@@ -121,9 +124,9 @@ class GpuLane:
             self._thread.close(wait=False)
 
 
-def _seconds(call: Callable[[], object]) -> float:
+def _seconds(call: Callable[..., object], *args: Any) -> float:
     t0 = time.monotonic()
-    call()
+    call(*args)
     return time.monotonic() - t0
 
 
