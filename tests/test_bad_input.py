@@ -298,7 +298,7 @@ def test_a_read_only_database_is_refused_before_tuning(capsys, tmp_path, monkeyp
     copy = tmp_path / "ro.db"
     shutil.copy(directory / "studies.db", copy)
     real_access = os.access
-    monkeypatch.setattr(tuner.storage.os, "access",
+    monkeypatch.setattr(tuner.study._storage.os, "access",
                         lambda path, mode: False if Path(path) == copy and mode & os.W_OK else real_access(path, mode))
     before = snapshot(tmp_path)
     refused(capsys, "tune", "--storage", f"sqlite:///{copy}", fragments=("read-only",))
@@ -574,7 +574,7 @@ def test_a_postgres_outage_is_named_as_one(capsys, postgres, tmp_path):
 
 def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
     """The study and GPU names in the banner come from the storage and the driver: escaped, like everywhere."""
-    import tuner.cli._main
+    import tuner.cli._commands
     import tuner.run._run
     from tests.fake_studies import H200_INFO
 
@@ -588,7 +588,7 @@ def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tuner.run, "open_gpus", open_gpus)
     monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos, **kw: None)
-    monkeypatch.setattr(tuner.cli, "_retime_and_print", lambda spec, worker, top_k, rounds: 0)
+    monkeypatch.setattr(tuner.cli._commands, "_retime_and_print", lambda spec, worker, top_k, rounds: 0)
     rc, out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
     assert rc == 0, err
     assert "\x1b" not in err and "\x07" not in err and "NVIDIA\\x1b[2J H200\\x07" in err

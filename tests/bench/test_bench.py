@@ -8,19 +8,21 @@ import io
 import pytest
 
 from tests.fake_studies import make_study
+import tuner.bench
 from tuner.bench import _bench as bench
 from tuner.bench import run_bench, study_for_bench
 from tuner.cli import main
-from tuner.export import ExportError
+from tuner.study import StudyError
 from tuner.gpu import MeasureSettings
 from tuner.problem import Problem
 from tuner.space import load_space
 from tuner.study import winner
 from tuner.run import Worker
 
+from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import standin_compile, standin_tflops
 
-HANDLER = "tests.fakes.standin_gpu"
+HANDLER = FakeGpu
 STUDY_PROBLEM = Problem(batch=2, seqlen_q=4096, heads_q=32, head_dim=64, dtype="bf16", causal=True)
 
 
@@ -40,7 +42,7 @@ def test_a_study_is_benched_on_its_own_family_problem_and_winner(storage_url):
 
 
 def test_an_unknown_study_is_a_usage_error_that_says_where_to_look(storage_url):
-    with pytest.raises(ExportError, match="no study named .nope..*flashtune studies"):
+    with pytest.raises(StudyError, match="no study named .nope..*flashtune studies"):
         study_for_bench("nope", storage_url)
 
 
@@ -49,7 +51,7 @@ def test_run_bench_times_the_given_problem_beside_the_peers(storage_url, monkeyp
     family, problem, config = study_for_bench("d64", storage_url)
     out = io.StringIO()
     with Worker(handler=HANDLER) as worker:
-        info = worker.call("device_info")
+        info = worker.device_info()
         rows = run_bench(worker, info, family, problem, config=config, out=out)
     assert rows[0]["name"] == "flashtune_sm80" and rows[0]["tflops"] == pytest.approx(standin_tflops(config))
     assert {r["name"] for r in rows[1:]} >= {"sdpa_cudnn_attention", "sdpa_flash_attention", "cublas_gemm_8192"}
@@ -65,7 +67,7 @@ def test_bench_checks_the_config_on_inputs_of_its_own(storage_url, monkeypatch):
     with Worker(handler=HANDLER) as worker:
         measure = worker.measure
         monkeypatch.setattr(worker, "measure", lambda job, **kw: jobs.append(job) or measure(job, **kw))
-        run_bench(worker, worker.call("device_info"), family, problem, config=config, out=io.StringIO(),
+        run_bench(worker, worker.device_info(), family, problem, config=config, out=io.StringIO(),
                   settings=MeasureSettings(check=False, seed=5))
     assert [(j.settings.check, j.settings.fresh_inputs, j.settings.seed) for j in jobs] == [(True, True, 5)]
 
@@ -82,12 +84,12 @@ def test_study_with_a_config_or_problem_flags_is_refused(storage_url, capsys, ex
 
 def test_an_explicit_config_takes_the_head_dim_s_defaults_for_missing_knobs(monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr("tuner.cli._main._start_worker", lambda gpu: (Worker(handler=HANDLER), {"name": "x"}))
+    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), {"name": "x"}))
 
     def fake_run_bench(worker, info, family, problem, *, config, out):
         seen.update(family=family, problem=problem, config=config)
         return []
-    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    monkeypatch.setattr(tuner.bench, "run_bench", fake_run_bench)  # the entrance the CLI calls
     assert main(["bench", "--family", "sm80", "--head-dim", "64", "--config", "block_n=32"]) == 0
     assert seen["problem"].head_dim == 64 and seen["family"] == "sm80"
     assert seen["config"] == load_space("sm80").validate({"block_n": 32}, partial=True, head_dim=64)

@@ -15,9 +15,10 @@ from tuner.study import load_suite
 from tuner.run import TuneSettings
 from tuner.run import Worker
 
+from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import PROBLEM, standin_compile, standin_tflops
 
-HANDLER = "tests.fakes.standin_gpu"
+HANDLER = FakeGpu
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tuner._version import __version__
 from tuner.study import _meta as st
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.search import make_sampler
+from tuner.search import make_sampler, make_search
 from tuner.space import available_families, load_space
 from tuner.study import open_storage
 from tuner.run import TuneSettings, tune
@@ -64,7 +64,7 @@ def fake_db():
         study = st.open_study(storage=open_storage(url), name="kept", space=space, problem=problem,
                               gpu={"name": "Fake GPU", "arch": 80}, sampler=make_sampler("random", space, 0))
         tune(study, space, problem, limits_for_arch(80), FakeMeasure(), TuneSettings(n_trials=4, compile_workers=1),
-             compiler=fake_compiler)
+             compiler=fake_compiler, search=make_search("random", space, problem, limits_for_arch(80), 0))
         yield url
 
 
@@ -271,10 +271,10 @@ def test_main_in_process_returns_exit_codes(capsys, tmp_path, monkeypatch):
 def test_best_of_an_unknown_study_does_not_print_the_storage_password(monkeypatch, capsys):
     import optuna
 
-    import tuner.study._storage
+    import tuner.study
     from tuner.cli import main
 
-    monkeypatch.setattr(tuner.storage, "open_storage", lambda url, create=True: object())
+    monkeypatch.setattr(tuner.study, "open_storage", lambda url, create=True: object())
 
     def no_such_study(study_name, storage):
         raise KeyError("Record does not exist.")

@@ -11,7 +11,7 @@ import pytest
 from tests.fake_studies import A100_INFO, family_for_tests, fill_study, make_study, open_fake_study, set_winner
 from tuner.cli import main
 from tuner.export import DispatchError, build_dispatch, render_dispatch
-from tuner.export import choose
+from tuner.study import choose
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
 

@@ -14,7 +14,8 @@ from tests.fake_studies import A100_INFO, family_for_tests, fill_study, make_stu
 from tuner._version import __version__
 from tuner.study import _meta as st
 from tuner.cli import main
-from tuner.export import ExportError, choose, comment_text, read_header, render_header
+from tuner.export import comment_text, read_header, render_header
+from tuner.study import StudyError, choose
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
@@ -105,7 +106,7 @@ def test_header_round_trips_through_read_header(finished, storage_url, tmp_path)
     assert read_header(path, chosen.space) == chosen.config
     other = [f for f in available_families() if f != chosen.family]
     if other:
-        with pytest.raises(ExportError, match="is a config of family"):
+        with pytest.raises(StudyError, match="is a config of family"):
             read_header(path, load_space(other[0]))
 
 
@@ -130,7 +131,7 @@ def test_tuner_attention_takes_an_exported_header_as_config(finished, storage_ur
     assert resolve_config(space, partial) == dict(space.defaults(), **partial)
     with pytest.raises(AttentionError):
         resolve_config(space, 42)
-    with pytest.raises(ExportError, match="cannot read"):
+    with pytest.raises(StudyError, match="cannot read"):
         resolve_config(space, tmp_path / "absent.h")
 
 
@@ -158,7 +159,7 @@ def _mutated(storage_url: str, name: str, **attrs) -> optuna.Study:
 
 def test_stale_space_digest_is_refused(storage_url):
     study = _mutated(storage_url, "stale", space_digest="0123456789abcdef")
-    with pytest.raises(ExportError, match="re-tune with a new study"):
+    with pytest.raises(StudyError, match="re-tune with a new study"):
         choose(study)
 
 
@@ -177,7 +178,7 @@ def test_stored_values_that_do_not_fit_the_space_are_refused(storage_url, bad, r
     else:
         config.pop(knob)
     study.set_user_attr("winner", dict(winner, config=config))
-    with pytest.raises(ExportError, match="no longer fits"):
+    with pytest.raises(StudyError, match="no longer fits"):
         choose(study)
 
 
@@ -191,7 +192,7 @@ def test_stored_values_that_do_not_fit_the_space_are_refused(storage_url, bad, r
 ], ids=["winner", "config", "problem", "causal", "gpu", "family"])
 def test_malformed_study_attributes_are_refused(storage_url, attrs, match, request):
     study = _mutated(storage_url, request.node.name, **attrs)
-    with pytest.raises(ExportError, match=match):
+    with pytest.raises(StudyError, match=match):
         choose(study)
 
 
@@ -206,7 +207,7 @@ def test_infeasible_winner_is_refused(storage_url):
             break
     assert infeasible is not None
     study.set_user_attr("winner", dict(study.user_attrs["winner"], config=infeasible))
-    with pytest.raises(ExportError, match="infeasible"):
+    with pytest.raises(StudyError, match="infeasible"):
         choose(study)
 
 
@@ -220,7 +221,7 @@ def _all_configs(space):
 def test_study_without_a_successful_trial_is_refused(storage_url):
     space = load_space(family_for_tests())
     study = open_fake_study(storage_url, "empty", space, PROBLEM)
-    with pytest.raises(ExportError, match="no successful trial"):
+    with pytest.raises(StudyError, match="no successful trial"):
         choose(study)
 
 

@@ -1,4 +1,4 @@
-"""Reading a config header back (tuner/header.py, ``tuner.export.read_header``): careless and hostile headers.
+"""Reading a config header back (``tuner.export.read_header``): careless and hostile headers.
 
 The base is a header ``flashtune export`` wrote for a fake study; each case changes it the way
 a person or a tool might, and must give the config the C preprocessor would see, or one line.
@@ -14,7 +14,8 @@ import pytest
 
 from tests.fake_studies import family_for_tests, make_study
 from tuner.errors import FlashtuneError
-from tuner.export import ExportError, choose, read_header, render_header
+from tuner.export import read_header, render_header
+from tuner.study import StudyError, choose
 from tuner.export import HeaderError, parse_header
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
@@ -89,7 +90,7 @@ def test_a_header_for_another_problem_is_refused_when_the_problem_is_known(expor
     path.write_text(text)
     for other in (Problem(**{**PROBLEM.to_dict(), "head_dim": 64}), Problem(**{**PROBLEM.to_dict(), "causal": False}),
                   Problem(**{**PROBLEM.to_dict(), "dtype": "fp16"})):
-        with pytest.raises(ExportError, match="was exported for head_dim 128, bf16, causal, but this call is"):
+        with pytest.raises(StudyError, match="was exported for head_dim 128, bf16, causal, but this call is"):
             read_header(path, SPACE, other)
     same_kind = Problem(**{**PROBLEM.to_dict(), "batch": 1, "seqlen_q": 77, "heads_q": 2, "heads_kv": 1})
     assert read_header(path, SPACE, same_kind) == config  # the shape itself may differ
@@ -163,8 +164,8 @@ def test_unreadable_files_are_flashtune_errors(exported, tmp_path):
     os.mkfifo(tmp_path / "fifo.h")  # must not block
     for name, message in (("binary.h", "binary file"), ("latin1.h", "not UTF-8"), ("huge.h", "bytes"),
                           ("folder.h", "cannot read"), ("fifo.h", "not a regular file"), ("absent.h", "cannot read")):
-        with pytest.raises(ExportError, match=message) as e:
+        with pytest.raises(StudyError, match=message) as e:
             read_header(tmp_path / name, SPACE)
         assert isinstance(e.value, FlashtuneError) and "\n" not in str(e.value)
-    with pytest.raises(ExportError, match="not a regular file"):
+    with pytest.raises(StudyError, match="not a regular file"):
         read_header("/dev/zero", SPACE)

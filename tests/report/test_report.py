@@ -154,7 +154,7 @@ def test_a_stale_retimed_winner_is_not_shown_as_the_winner(storage_url):
 
 
 def test_throughput_of_each_run_is_read_and_shown(storage_url):
-    from tuner.study import _meta as st
+    from tuner import study as st
     from tuner.report._throughput import get_throughput_info, render_throughput
 
     study = make_study(storage_url, "throughput")

@@ -116,6 +116,24 @@ def test_the_cached_path_reads_no_file_and_parses_nothing(gpu, monkeypatch, tmp_
     assert len(gpu.launches) == 102 and len(gpu.loaded) == 2
 
 
+def test_clear_cache_forgets_everything_the_plan_cache_holds(gpu, tmp_path):
+    """Plans, spaces, headers, device limits, cubins and loaded modules: every cache of the one
+    :class:`PlanCache` is emptied, and the next call builds its plan again."""
+    header = write_header(tmp_path / "best.h", load_space(FAMILY), {"block_n": 32})
+    q, k, v = qkv()
+    tuner.attention(q, k, v, causal=True, config=header)
+    cache = ta._cache
+    caches = {name: value for name, value in vars(cache).items() if isinstance(value, dict)}
+    assert set(caches) == {"space_paths", "spaces", "header_configs", "plans", "limits", "cubins", "modules"}
+    # the stand-in GPU skips the device query, the compile and the module load: fill those as a GPU would
+    cache.limits[0], cache.cubins[("space", "config")], cache.modules[(0, "k.cubin")] = H200, ("k.cubin", "e"), object()
+    assert all(caches.values()), [name for name, value in caches.items() if not value]
+    ta.clear_cache()
+    assert not any(caches.values()), [name for name, value in caches.items() if value]
+    tuner.attention(q, k, v, causal=True, config=header)
+    assert len(gpu.loaded) == 2 and gpu.loaded[-1]["config"]["block_n"] == 32
+
+
 def test_host_time_of_the_python_part_is_small(gpu):
     """The Python part of a cached call (stat, lookup, allocation, packing): a guard against a return of
     per-call parsing (about 2.9 ms per call before the cache); the real figure comes from `flashtune bench --api`."""

@@ -1,6 +1,6 @@
 """``torch.ops.flashtune.attention`` without a GPU: registration, fake implementation, torch.compile, grad.
 
-The kernel call behind the operator (``tuner.torch_op._run``) is replaced by a float32
+The kernel call behind the operator (``tuner.serve._torch_op._run``) is replaced by a float32
 reference on CPU tensors, so everything PyTorch does around it (schema, dispatch, fake
 tensors, Dynamo, AOTAutograd, Inductor) runs for real.
 """
@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import tuner  # noqa: E402
 import tuner.serve._torch_op as torch_op  # noqa: E402
-from tuner.serve import AttentionError  # noqa: E402
+from tuner.serve import AttentionError, register_torch_op  # noqa: E402
+
+register_torch_op()  # tuner may have been imported before PyTorch (then importing tuner registered nothing)
 
 
 def reference(q, k, v, causal, softmax_scale, family, config, tuned):
@@ -128,6 +130,22 @@ def test_inputs_that_require_grad_get_a_forward_only_error(cpu_kernel):
     with torch.no_grad():  # inference with tensors that require grad: no error, nothing detached silently
         o, _ = torch.ops.flashtune.attention(q, k, v)
         torch.testing.assert_close(o, reference(q, k, v, False, None, "", None, None)[0])
+
+
+def test_registering_again_is_a_no_op():
+    """Importing tuner registered the operator; every later call (each new plan on tensors makes one, from any
+    thread) answers without registering twice, which Dynamo would refuse."""
+    import threading
+
+    from tuner.serve import register_torch_op
+
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(register_torch_op())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [True] * 4 and register_torch_op() is True
 
 
 def test_import_tuner_registers_the_operator_once_pytorch_is_loaded():

@@ -20,7 +20,8 @@ from tests.fake_studies import family_for_tests, make_study
 from tuner.cli import main
 from tuner.problem import DTYPES, Problem
 from tuner.space import available_families, load_space
-from tuner.serve import JSON_FORMAT, TunedConfigs, TunedError, load_tuned, parse_tuned_json, tuned_configs
+from tuner.export import JSON_FORMAT
+from tuner.serve import TunedConfigs, TunedError, load_tuned, parse_tuned_json, tuned_configs
 
 FAMILY = family_for_tests()
 OTHER = next((f for f in available_families() if f != FAMILY), None)

@@ -22,8 +22,16 @@ from typing import Any, TextIO
 from ..errors import UsageError
 from ..problem import Problem
 
-__all__ = ["DEFAULT_SHAPES", "HOST_US_TARGET", "EAGER_RATIO_TARGET", "ApiRow", "eager_ms_per_call",
-           "host_us_per_call", "kernel_ms_per_call", "run_api_bench"]
+__all__ = [
+    "DEFAULT_SHAPES",
+    "EAGER_RATIO_TARGET",
+    "HOST_US_TARGET",
+    "ApiRow",
+    "eager_ms_per_call",
+    "host_us_per_call",
+    "kernel_ms_per_call",
+    "run_api_bench",
+]
 
 DEFAULT_SHAPES = (
     Problem(batch=8, seqlen_q=2048, heads_q=16, head_dim=128, dtype="fp16"),
@@ -123,11 +131,12 @@ def kernel_ms_per_call(call: Callable[[], Any], *, calls: int = 20) -> tuple[flo
 def _callers(torch, problem: Problem, *, family: str, config, tuned) -> dict[str, Callable[[], Any]]:
     import torch.nn.functional as F
 
-    import tuner
-    from .. import serve as torch_op  # noqa: F401  (registers torch.ops.flashtune.attention)
+    from ..serve import attention, register_torch_op
+
+    register_torch_op()  # torch.ops.flashtune.attention
 
     p = problem
-    dtype = torch.float16 if p.dtype == "fp16" else torch.bfloat16
+    dtype = getattr(torch, p.dtype_spec.torch_name)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen)
@@ -135,7 +144,7 @@ def _callers(torch, problem: Problem, *, family: str, config, tuned) -> dict[str
     op_config = config if config is None or isinstance(config, str) else None
     gqa = {"enable_gqa": True} if p.heads_kv != p.heads_q else {}
     callers = {
-        "tuner": lambda: tuner.attention(q, k, v, causal=p.causal, family=family, config=config, tuned=tuned),
+        "tuner": lambda: attention(q, k, v, causal=p.causal, family=family, config=config, tuned=tuned),
         "op": lambda: torch.ops.flashtune.attention(q, k, v, p.causal, None, family, op_config, tuned),
         "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                        is_causal=p.causal, **gqa),

@@ -10,16 +10,15 @@ from ..devices import DeviceLimits
 from ..errors import UsageError
 from ..gpu import MeasureSettings, measure_job_for
 from ..problem import Problem
-from ..space import load_space
 from ..run import Worker
+from ..space import load_space
 
 __all__ = ["run_bench", "study_for_bench"]
 
 
 def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Problem, dict[str, int]]:
     """A study's family, problem and winner, checked as ``flashtune export`` checks them."""
-    from ..study import open_storage
-    from ..study import choose, load_flashtune_study
+    from ..study import choose, load_flashtune_study, open_storage
 
     chosen = choose(load_flashtune_study(open_storage(storage_url, create=False), study_name, storage_url))
     return chosen.family, chosen.problem, chosen.config
@@ -37,13 +36,13 @@ def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Proble
     if reason:
         raise UsageError(f"config is infeasible on {info['name']}: {reason}")
     outcome = compile_outcome(str(space.path), chosen, problem, device)
-    if outcome.kernel is None:
+    if outcome.payload is None:
         raise CompileError(outcome.reason)
-    result = worker.measure(measure_job_for(space, chosen, problem, device, outcome.kernel, settings, tag="bench"))
+    result = worker.measure(measure_job_for(space, chosen, problem, device, outcome.payload, settings, tag="bench"))
     rows: list[dict[str, Any]] = [{"name": f"flashtune_{space.name}", "latency_ms": result.latency_ms,
                                    "tflops": result.tflops, "spread": result.spread,
                                    "detail": result.detail or (f"rel err {result.rel_error:.2e}" if result.rel_error is not None else "")}]
-    rows += worker.call("run_peers", (problem, settings), timeout_s=600)
+    rows += worker.peers(problem, settings, timeout_s=600)
     ours = rows[0]["tflops"]
     print(f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info.get('driver_version', info['driver'])}, "
           f"SM clock {info.get('sm_clock_mhz', '?')} MHz)", file=out)

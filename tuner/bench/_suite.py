@@ -15,23 +15,21 @@ import datetime as dt
 import functools
 import multiprocessing as mp
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, TextIO
 
 import optuna
 
 from .._version import __version__
-from ..devices import DeviceLimits
 from ..compile import CompileOutcome, compile_outcome
+from ..devices import DeviceLimits
 from ..gpu import MeasureSettings, measure_job_for
 from ..problem import Problem
-from ..space import Space, load_space
-from ..study import mask_url, open_storage
-from ..study import ChosenConfig, StudyError, StudyMeta, choose
-from ..study import Suite, suite_studies
 from ..run import Worker
+from ..space import Space, load_space
+from ..study import ChosenConfig, StudyError, StudyMeta, Suite, choose, mask_url, open_storage, suite_studies
 
 __all__ = ["BenchRow", "bench_suite", "markdown_table"]
 
@@ -83,9 +81,9 @@ def _time(worker: Worker, space: Space, config: dict[str, int], problem: Problem
     if reason:
         return None, f"infeasible: {reason}"
     outcome = compiler(str(space.path), config, problem, device)
-    if outcome.kernel is None:
+    if outcome.payload is None:
         return None, f"{outcome.status}: {outcome.reason[:200]}"
-    result = worker.measure(measure_job_for(space, config, problem, device, outcome.kernel, settings, tag=tag))
+    result = worker.measure(measure_job_for(space, config, problem, device, outcome.payload, settings, tag=tag))
     if not result.ok:
         return None, f"{result.status}: {result.detail[:200]}"
     return result.tflops, ""
@@ -143,7 +141,7 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
                     row.ablations[name], _ = _time(worker, space, variant, row.problem, device, settings,
                                                    f"ablate-{name}", compiler)
         if row.config or row.study:
-            peers = worker.call("run_peers", (row.problem, settings), timeout_s=900)
+            peers = worker.peers(row.problem, settings, timeout_s=900)
             row.peers = {p["name"]: p.get("tflops") for p in peers}
         if log is not None:
             ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note

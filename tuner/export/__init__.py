@@ -1,8 +1,29 @@
-"""TODO tuner.export."""
+"""Tuned configs out of the study database and back: C/C++ headers and the dispatch table.
 
-from ._dispatch import DispatchError, build_dispatch, collect_dispatch, render_dispatch, render_dispatch_json
-from ._header import ExportError, choose, comment_text, export_study, read_header, render_header
+- :func:`export_study` / :func:`render_header`: one study's winner as a header of ``#define``\\ s
+  that the kernel builds with (``flashtune export``); :func:`read_header` reads one back.
+- :func:`collect_dispatch` / :func:`render_dispatch`: one C++17 header whose ``select()`` picks a
+  config per shape across studies (``flashtune export --dispatch``), and its tables as JSON
+  (:func:`render_dispatch_json`, :class:`DispatchTable`), which ``tuner.attention(config="auto")`` reads.
+
+Reading a header or a dispatch table needs no Optuna: the study database is opened only by
+the functions that read studies.
+"""
+
+from ._dispatch import (
+                        DispatchError,
+                        DispatchFamily,
+                        DispatchSelection,
+                        build_dispatch,
+                        collect_dispatch,
+                        render_dispatch,
+                        render_dispatch_json,
+)
+from ._header import comment_text, export_study, read_header, render_header
+from ._read_header import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
 from ._table import JSON_FORMAT, DispatchTable, TableError, table_from_json
-from ._read_header import HeaderError, MAX_HEADER_BYTES, decode_header, parse_header
 
-__all__ = ['JSON_FORMAT', 'DispatchTable', 'TableError', 'table_from_json', 'DispatchError', 'ExportError', 'HeaderError', 'MAX_HEADER_BYTES', 'build_dispatch', 'choose', 'collect_dispatch', 'comment_text', 'decode_header', 'export_study', 'parse_header', 'read_header', 'render_dispatch', 'render_dispatch_json', 'render_header']
+__all__ = ["JSON_FORMAT", "MAX_HEADER_BYTES", "DispatchError", "DispatchFamily", "DispatchSelection",
+           "DispatchTable", "HeaderError", "TableError", "build_dispatch", "collect_dispatch", "comment_text",
+           "decode_header", "export_study", "parse_header", "read_header", "render_dispatch", "render_dispatch_json",
+           "render_header", "table_from_json"]

@@ -21,9 +21,9 @@ family supports). Every value is re-validated through :func:`tuner.study.choose`
 written.
 
 The same tables go into a JSON file beside the header (:func:`render_dispatch_json`), which
-``tuner.attention(config="auto", tuned="dispatch.json")`` reads; :class:`DispatchTable` holds
-one family's table (:class:`tuner.tuned.DispatchTable`, whose ``select`` is the header's
-``select()`` in Python).
+``tuner.attention(config="auto", tuned="dispatch.json")`` reads (:mod:`tuner.serve`); a
+:class:`DispatchTable` (:mod:`._table`) holds one family's table, and its ``select`` is the
+header's ``select()`` in Python.
 """
 
 from __future__ import annotations
@@ -31,17 +31,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..errors import FlashtuneError
-from ._header import comment_text
 from ..problem import DTYPES
 from ..space import Space
-from ..study import mask_url
-from ..study import ChosenConfig
 from ..text import printable
+from ._header import comment_text
 from ._table import JSON_FORMAT, DispatchTable
+
+if TYPE_CHECKING:  # tuner.study imports Optuna: it is imported where a study is read, not with this package
+    from ..study import ChosenConfig
 
 __all__ = ["DispatchEntry", "DispatchError", "DispatchFamily", "DispatchSelection", "build_dispatch",
            "collect_dispatch", "export_dispatch", "render_dispatch", "render_dispatch_json"]
@@ -113,14 +115,9 @@ def _config_literal(space: Space, config: dict[str, int]) -> str:
     return "{" + ", ".join(str(int(config[k.name])) for k in space.knobs) + "}"
 
 
-def _render_family(fam: DispatchFamily) -> list[str]:
-    space = fam.space
-    ns = space.name
-    table = fam.table()
-    lines = [
-        f"// ---- family {ns}: {comment_text(space.family.description, 160)}",
-        f"namespace {ns} {{",
-        "",
+def _render_types(space: Space, table: DispatchTable) -> list[str]:
+    """The family's ``Config`` and ``Entry`` structs and its default configs."""
+    return [
         "struct Config {",
         *(f"  int {k.name};  // {k.macro}: {comment_text(k.help)}" for k in space.knobs),
         "};",
@@ -138,7 +135,8 @@ def _render_family(fam: DispatchFamily) -> list[str]:
         "  Config config;",
         "};",
         "",
-        f"// The family's default config (search_spaces/{ns}.toml): the fallback for shapes no study covered.",
+        (f"// The family's default config (search_spaces/{space.name}.toml): the fallback for shapes no study "
+         "covered."),
         f"inline constexpr Config kDefault = {_config_literal(space, table.default)};",
         "",
         "// The default for a head dim: kDefault, unless the space file gives that head dim its own.",
@@ -147,7 +145,12 @@ def _render_family(fam: DispatchFamily) -> list[str]:
           for d, config in table.head_dim_defaults),
         "  return kDefault;",
         "}",
-        "",
+    ]
+
+
+def _render_entries(fam: DispatchFamily, table: DispatchTable) -> list[str]:
+    """``kEntries``: one line per tuned config, after a comment naming its study and what it measured."""
+    lines = [
         "// Tuned configs, sorted by (dtype, head_dim, causal, seqlen).",
         "inline constexpr Entry kEntries[] = {",
     ]
@@ -159,36 +162,58 @@ def _render_family(fam: DispatchFamily) -> list[str]:
                      f"batch {c.problem.batch} heads {c.problem.heads_q}/{c.problem.heads_kv} "
                      f"seqlen_k {c.problem.seqlen_k}")
         lines.append(f"    {{DType::{e.dtype}, {int(e.head_dim)}, {_cpp_bool(e.causal)}, {int(e.seqlen)}, "
-                     f"{_config_literal(space, config)}}},")
+                     f"{_config_literal(fam.space, config)}}},")
     lines += [
         "};",
         "inline constexpr int kNumEntries = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));",
-        "",
-        "// The config for a runtime shape: among entries of the same (dtype, head_dim, causal), the one",
-        "// with the smallest tuned seqlen >= seqlen; above the largest tuned seqlen, the largest one;",
-        "// default_config(head_dim) when no entry has this (dtype, head_dim, causal). seqlen is the",
-        "// query length.",
-        "constexpr Config select(DType dtype, int head_dim, bool causal, int seqlen) noexcept {",
-        "  const Entry* largest = nullptr;",
-        "  for (int i = 0; i < kNumEntries; ++i) {",
-        "    const Entry& e = kEntries[i];",
-        "    if (e.dtype != dtype || e.head_dim != head_dim || e.causal != causal) continue;",
-        "    if (seqlen <= e.seqlen) return e.config;",
-        "    largest = &e;",
-        "  }",
-        "  return largest != nullptr ? largest->config : default_config(head_dim);",
-        "}",
-        "",
-        f"}}  // namespace {ns}",
     ]
     return lines
+
+
+#: ``select()``, the same for every family: the bucket rule of :meth:`DispatchTable.select`
+_SELECT = (
+    "// The config for a runtime shape: among entries of the same (dtype, head_dim, causal), the one",
+    "// with the smallest tuned seqlen >= seqlen; above the largest tuned seqlen, the largest one;",
+    "// default_config(head_dim) when no entry has this (dtype, head_dim, causal). seqlen is the",
+    "// query length.",
+    "constexpr Config select(DType dtype, int head_dim, bool causal, int seqlen) noexcept {",
+    "  const Entry* largest = nullptr;",
+    "  for (int i = 0; i < kNumEntries; ++i) {",
+    "    const Entry& e = kEntries[i];",
+    "    if (e.dtype != dtype || e.head_dim != head_dim || e.causal != causal) continue;",
+    "    if (seqlen <= e.seqlen) return e.config;",
+    "    largest = &e;",
+    "  }",
+    "  return largest != nullptr ? largest->config : default_config(head_dim);",
+    "}",
+)
+
+
+def _render_family(fam: DispatchFamily) -> list[str]:
+    """One family's namespace: its types and defaults, its tuned entries and ``select()``."""
+    space = fam.space
+    table = fam.table()
+    return [
+        f"// ---- family {space.name}: {comment_text(space.family.description, 160)}",
+        f"namespace {space.name} {{",
+        "",
+        *_render_types(space, table),
+        "",
+        *_render_entries(fam, table),
+        "",
+        *_SELECT,
+        "",
+        f"}}  // namespace {space.name}",
+    ]
 
 
 def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sources: str = "",
                     not_covered: Sequence[str] = (), now: datetime | None = None,
                     guard: str = "FLASHTUNE_DISPATCH_H") -> str:
     """The dispatch header text (C++17). ``sources`` says how the studies were selected."""
-    now = now or datetime.now(timezone.utc)
+    from ..study import mask_url
+
+    now = now or datetime.now(UTC)
     entries = [e for f in families for e in f.entries]
     gpu = entries[0].chosen.gpu_name if entries else "?"
     lines = [
@@ -233,8 +258,10 @@ def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sou
 
 def render_dispatch_json(families: Sequence[DispatchFamily], *, storage_url: str, sources: str = "",
                          not_covered: Sequence[str] = (), now: datetime | None = None) -> str:
-    """The JSON written beside the dispatch header: the same tables, for ``config="auto"`` (:mod:`tuner.tuned`)."""
-    now = now or datetime.now(timezone.utc)
+    """The JSON written beside the dispatch header: the same tables, for ``config="auto"`` (:mod:`tuner.serve`)."""
+    from ..study import mask_url
+
+    now = now or datetime.now(UTC)
     entries = [e for f in families for e in f.entries]
     studies = [{"family": f.space.name, "dtype": e.dtype, "head_dim": e.head_dim, "causal": e.causal,
                 "seqlen": e.seqlen, "study": e.chosen.study_name, "tflops": e.chosen.tflops,
@@ -264,6 +291,8 @@ class DispatchSelection:
 
     @property
     def masked_url(self) -> str:
+        from ..study import mask_url
+
         return mask_url(self.storage_url)
 
     @property
@@ -281,7 +310,7 @@ class DispatchSelection:
 
 def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
                      log=None) -> DispatchSelection:
-    """The studies a glob ``pattern`` and/or a suite select, each checked through :func:`tuner.export.choose`.
+    """The studies a glob ``pattern`` and/or a suite select, each checked through :func:`tuner.study.choose`.
 
     With a suite, its ``storage`` is used unless ``storage_url`` is given; suite problems without
     a study, and selected studies that cannot be exported (no successful trial yet, knobs changed
@@ -289,9 +318,17 @@ def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, sui
     """
     import sys
 
-    from ..study import StudyError, choose, load_flashtune_study
-    from ..study import open_storage
-    from ..study import load_suite, select_studies, suite_storage, suite_studies
+    from ..study import (
+        StudyError,
+        choose,
+        load_flashtune_study,
+        load_suite,
+        mask_url,
+        open_storage,
+        select_studies,
+        suite_storage,
+        suite_studies,
+    )
 
     suite = load_suite(suite_path) if suite_path else None
     storage_url = suite_storage(suite, storage_url)

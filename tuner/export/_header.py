@@ -14,33 +14,18 @@ match), every number is re-formatted from a Python ``int``/``float``, and free t
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._version import __version__
-from ..files import check_output_path, write_text
 from ..problem import Problem
 from ..space import Config, Space
-from ..study import mask_url
-from ..study import ChosenConfig, StudyError, choose, load_flashtune_study
 
-__all__ = [
-    "ChosenConfig",
-    "ExportError",
-    "check_output_path",
-    "choose",
-    "comment_text",
-    "export_study",
-    "load_flashtune_study",
-    "read_header",
-    "render_header",
-    "write_text",
-]
+if TYPE_CHECKING:  # tuner.study imports Optuna: it is imported where a study is read, not with this package
+    from ..study import ChosenConfig
 
-
-#: a study cannot be exported (unknown, not flashtune's, stale, empty), or a header cannot be read. The
-#: study checks live in :mod:`tuner.study` (:func:`choose`), so this is their error class under its old name.
-ExportError = StudyError
+__all__ = ["comment_text", "export_study", "guard_name", "read_header", "render_header"]
 
 
 # -- C text --------------------------------------------------------------------------------
@@ -58,6 +43,8 @@ def guard_name(text: str) -> str:
 
 
 def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> list[tuple[str, str]]:
+    from ..study import mask_url
+
     p = chosen.problem
     shape = (f"batch {p.batch}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, heads_q {p.heads_q}, "
              f"heads_kv {p.heads_kv}")
@@ -99,7 +86,7 @@ def _launch_text(chosen: ChosenConfig) -> str:
 def render_header(chosen: ChosenConfig, *, storage_url: str, now: datetime | None = None,
                   guard: str | None = None) -> str:
     """The header text: a comment block describing the result, then one ``#define`` per macro."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     space = chosen.space
     guard = guard or guard_name(chosen.study_name)
     width = max(len(k) for k, _ in _describe_rows(chosen, storage_url, now))
@@ -138,7 +125,7 @@ def render_header(chosen: ChosenConfig, *, storage_url: str, now: datetime | Non
 
 def export_study(storage_url: str | None, name: str, *, now: datetime | None = None) -> str:
     """``flashtune export --study NAME``: the header text of study ``name``'s chosen config."""
-    from ..study import DEFAULT_STORAGE, open_storage
+    from ..study import DEFAULT_STORAGE, choose, load_flashtune_study, open_storage
 
     storage_url = storage_url or DEFAULT_STORAGE
     study = load_flashtune_study(open_storage(storage_url, create=False), name, storage_url)
@@ -147,11 +134,15 @@ def export_study(storage_url: str | None, name: str, *, now: datetime | None = N
 
 def read_header(path: str | Path, space: Space, problem: Problem | None = None) -> Config:
     """The knob values of a header written by :func:`render_header`, validated against ``space``; with
-    ``problem``, the header must have been made for its head dim, dtype and mask (:mod:`tuner.header`)."""
+    ``problem``, the header must have been made for its head dim, dtype and mask (:mod:`._read_header`).
+    A header that cannot be read or does not fit raises :class:`tuner.study.StudyError`, as a study that
+    cannot be exported does."""
     from ._read_header import HeaderError
     from ._read_header import read_header as read
 
     try:
         return read(path, space, problem)
     except HeaderError as e:
-        raise ExportError(str(e)) from None
+        from ..study import StudyError
+
+        raise StudyError(str(e)) from None

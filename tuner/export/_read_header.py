@@ -21,7 +21,7 @@ from ..files import FileContentError, read_limited
 from ..problem import Problem
 from ..space import Config, ConfigError, Space
 
-__all__ = ["HeaderError", "MAX_HEADER_BYTES", "active_defines", "decode_header", "parse_header", "read_header"]
+__all__ = ["MAX_HEADER_BYTES", "HeaderError", "active_defines", "decode_header", "parse_header", "read_header"]
 
 MAX_HEADER_BYTES = 1 << 20  # an exported header is about 3 KB
 _MAX_DIGITS = 18  # every value fits a 64-bit integer

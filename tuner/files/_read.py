@@ -19,7 +19,7 @@ import time
 
 from ..errors import FlashtuneError
 
-__all__ = ["FileContentError", "RACY_NS", "read_content", "read_limited"]
+__all__ = ["RACY_NS", "FileContentError", "read_content", "read_limited"]
 
 #: a file whose mtime or ctime is this recent when read is read again at the next lookup
 RACY_NS = 2_000_000_000

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from .._version import __version__
-from ..study import mask_url
-from ..study import describe_problem
+from ..study import describe_problem, mask_url
 from ._contour import get_contour_info, plot_contour
 from ._data import StudyData
 from ._history import get_history_info, plot_history
@@ -148,7 +147,7 @@ window.addEventListener("load", function () { setTimeout(function () {
 
 def render_page(title: str, sections: Sequence[Section], *, now: datetime | None = None) -> str:
     """The whole HTML document."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     nav = "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in sections)
     body = "\n".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>\n{s.body}\n</section>' for s in sections)
     return f"""<!DOCTYPE html>

@@ -16,10 +16,9 @@ import optuna
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..study import StudyError, choose
 from ..problem import Problem
 from ..space import Space
-from ..study import describe_problem
+from ..study import StudyError, choose, describe_problem
 
 __all__ = ["SuiteColumn", "SuiteInfo", "get_suite_info", "plot_suite", "render_suite_table"]
 

@@ -1,11 +1,12 @@
-"""Call a flashtune kernel from Python: ``tuner.attention(q, k, v, causal=True, config="best.h")``.
+"""The launch plans behind ``tuner.attention`` and the calls on PyTorch tensors and CuPy arrays.
 
-Inputs are CuPy arrays or PyTorch CUDA tensors of shape ``[batch, seqlen, heads, head_dim]``
-(K and V may have fewer heads: grouped-query attention), fp16 or bf16, last dimension
-contiguous. CuPy has no bfloat16, so a CuPy bf16 array is ``uint16`` or ``int16`` holding
-the bits, as :mod:`tuner.gpu.tensors` makes them. The result has the kind, dtype and device
+:func:`tuner.attention` (:mod:`._api`) hands its inputs to :func:`torch_attention` or
+:func:`cupy_attention`. Inputs are CuPy arrays or PyTorch CUDA tensors of shape
+``[batch, seqlen, heads, head_dim]`` (K and V may have fewer heads: grouped-query attention),
+fp16 or bf16, last dimension contiguous. CuPy has no bfloat16, so a CuPy bf16 array is ``uint16`` or ``int16`` holding
+the bits, as :mod:`tuner.gpu` makes them. The result has the kind, dtype and device
 of ``q``. PyTorch tensors are passed by pointer, without DLPack or a copy; with PyTorch the
-call is also an operator, ``torch.ops.flashtune.attention`` (:mod:`tuner.torch_op`).
+call is also an operator, ``torch.ops.flashtune.attention`` (:mod:`._torch_op`).
 
 The first call for a (family, config, device, dtypes, shapes, causal) builds a launch plan:
 the space is loaded and checked, the config resolved (a header, ``"auto"`` with ``tuned=``,
@@ -15,8 +16,9 @@ made. Later calls look the plan up and only allocate O and LSE, make the tensor 
 pointers, pack the arguments and launch on the current stream (PyTorch's current stream for
 tensors, which is the capture stream inside ``torch.cuda.graph``: calls can be captured).
 The plan is keyed on the *content* of the space file and of the config header or dispatch
-JSON (:mod:`tuner.filekey`: one ``stat`` per file per call), so an edited file is never
-served stale. Importing this module needs no GPU, CuPy or PyTorch.
+JSON (:func:`tuner.files.read_content`: one ``stat`` per file per call), so an edited file is
+never served stale. Every cache lives in one :class:`PlanCache`, which :func:`clear_cache`
+empties. Importing this module needs no GPU, CuPy or PyTorch.
 """
 
 from __future__ import annotations
@@ -25,19 +27,27 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import FlashtuneError
-from ..files import FileContentError, read_content
 from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
-from ..problem import Problem
+from ..files import FileContentError, read_content
+from ..problem import DTYPES, Problem
 from ..space import Config, Space, load_space
-from ._tuned import TunedConfigs, TunedError, tuned_configs
+from ._tuned import TunedError, tuned_configs
 
-__all__ = ["AttentionError", "CAPTURE_FIRST_CALL", "FORWARD_ONLY", "attention", "clear_cache", "resolve_config"]
+__all__ = [
+    "CAPTURE_FIRST_CALL",
+    "FORWARD_ONLY",
+    "AttentionError",
+    "PlanCache",
+    "clear_cache",
+    "cupy_attention",
+    "torch_attention",
+]
 
 FORWARD_ONLY = ("flashtune kernels are forward-only (inference and forward benchmarks): q, k or v requires grad; "
                 "call under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
@@ -50,48 +60,63 @@ class AttentionError(FlashtuneError, ValueError):
     """The inputs or the config cannot run on this kernel family and device."""
 
 
-def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, head_dim: int | None = None) -> Config:
-    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
-    exported header."""
-    if config is None:
-        return space.defaults(head_dim)
-    if isinstance(config, (str, Path)):
-        from ..export import read_header  # deferred: imports Optuna
+# -- the caches: keyed on file contents, not names ------------------------------------------------
+class PlanCache:
+    """Every cache behind ``tuner.attention``, and the lock that plans are built under.
 
-        return read_header(config, space)
-    if isinstance(config, Mapping):
-        return space.validate(config, partial=True, head_dim=head_dim)
-    raise AttentionError(f"config must be None, a dict of knob values or the path of an exported header, "
-                         f"not {type(config).__name__}")
+    Files are remembered under (path, digest of their content) and each call stats them, so an
+    edited file is never served stale. A cached call reads :attr:`plans` and :attr:`space_paths`
+    without the lock (one dict lookup each); only building a plan takes it.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.space_paths: dict[Any, str] = {}  # family as given -> its space file
+        self.spaces: dict[tuple[str, str], Space] = {}  # (space file, content digest) -> Space
+        self.header_configs: dict[tuple, Config] = {}  # (header, digest, space key, problem kind) -> Config
+        self.plans: dict[tuple, _Plan] = {}  # the key of a call (see torch_attention) -> its plan
+        self.limits: dict[int, Any] = {}  # device index -> its DeviceLimits
+        self.cubins: dict[tuple, tuple[str, str]] = {}  # (space, config, macros, arch) -> (cubin path, entry)
+        self.modules: dict[tuple[int, str], Any] = {}  # (device index, cubin path) -> loaded CuPy module
+        # cupy.cuda.driver and .runtime, set by the first plan: imported modules, not cached content
+        self.driver: Any = None
+        self.runtime: Any = None
+
+    def caches(self) -> tuple[dict, ...]:
+        return (self.space_paths, self.spaces, self.header_configs, self.plans, self.limits, self.cubins,
+                self.modules)
+
+    def clear(self) -> None:
+        """Empty every cache (a kernel module stays loaded while a plan that launches it is alive)."""
+        with self.lock:
+            for cache in self.caches():
+                cache.clear()
 
 
-# -- what the cache is keyed on: file contents, not names ----------------------------------------------
-_space_paths: dict[Any, str] = {}  # family as given -> its space file
-_spaces: dict[tuple[str, str], Space] = {}  # (space file, content digest) -> Space
-_header_configs: dict[tuple, Config] = {}
+_cache = PlanCache()
 
 
 def _space_key(family: Any) -> tuple[str, str]:
     """(space file, digest of its content): one ``stat`` while the file is unchanged."""
-    path = _space_paths.get(family)
+    path = _cache.space_paths.get(family)
     if path is None:
         space = load_space(family)  # an unknown family raises its SpaceError here
-        path = _space_paths[family] = str(space.path)
+        path = _cache.space_paths[family] = str(space.path)
     try:
         digest, _ = read_content(path)
     except FileContentError:
-        _space_paths.pop(family, None)
+        _cache.space_paths.pop(family, None)
         load_space(family)  # the error of a file that went away
         raise
     return path, digest
 
 
 def _space(space_key: tuple[str, str]) -> Space:
-    space = _spaces.get(space_key)
+    space = _cache.spaces.get(space_key)
     if space is None:
-        if len(_spaces) > 64:
-            _spaces.clear()
-        space = _spaces[space_key] = load_space(Path(space_key[0]))
+        if len(_cache.spaces) > 64:
+            _cache.spaces.clear()
+        space = _cache.spaces[space_key] = load_space(Path(space_key[0]))
     return space
 
 
@@ -140,16 +165,16 @@ def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, 
     _, path, digest = config_key
     made_for = (problem.head_dim, problem.dtype, bool(problem.causal))
     key = (path, digest, space_key, made_for)
-    config = _header_configs.get(key)
+    config = _cache.header_configs.get(key)
     if config is None:
         try:
             _, data = read_content(path, limit_bytes=MAX_HEADER_BYTES)
             config = parse_header(decode_header(data, path), path, space, problem)
         except (FileContentError, HeaderError) as e:
             raise AttentionError(str(e)) from None
-        if len(_header_configs) > 256:
-            _header_configs.clear()
-        _header_configs[key] = config
+        if len(_cache.header_configs) > 256:
+            _cache.header_configs.clear()
+        _cache.header_configs[key] = config
     return config
 
 
@@ -174,26 +199,18 @@ class _Plan:
         if _current_context() == self.context:
             self.launcher(stream, q, k, v, o, lse, scale)
             return
-        previous = _runtime.getDevice()  # another device is current in this thread: switch for the launch
-        _runtime.setDevice(self.device)
+        runtime = _cache.runtime
+        previous = runtime.getDevice()  # another device is current in this thread: switch for the launch
+        runtime.setDevice(self.device)
         try:
             self.launcher(stream, q, k, v, o, lse, scale)
         finally:
-            _runtime.setDevice(previous)
-
-
-_lock = threading.Lock()
-_plans: dict[tuple, _Plan] = {}
-_limits: dict[int, Any] = {}
-_cubins: dict[tuple, tuple[str, str]] = {}
-_modules: dict[tuple[int, str], Any] = {}
-_driver: Any = None  # cupy.cuda.driver and .runtime, once a plan is built
-_runtime: Any = None
+            runtime.setDevice(previous)
 
 
 def _current_context() -> int:
     """The calling thread's current CUcontext (0 when none)."""
-    return _driver.ctxGetCurrent()
+    return _cache.driver.ctxGetCurrent()
 
 
 def _select_device(device_id: int):
@@ -204,21 +221,19 @@ def _select_device(device_id: int):
 
 
 def clear_cache() -> None:
-    """Forget every launch plan and remembered file (the next call of each shape builds its plan again)."""
-    with _lock:
-        _plans.clear()
-        _spaces.clear()
-        _space_paths.clear()
-        _header_configs.clear()
+    """Forget every launch plan, remembered file, compiled and loaded kernel and device's limits (the next
+    call of each shape builds its plan again)."""
+    _cache.clear()
 
 
 def _device_limits(device_id: int):
     from ..devices import DeviceLimits
-    from ..gpu._info import gpu_info
+    from ..gpu import gpu_info
 
-    if device_id not in _limits:
-        _limits[device_id] = DeviceLimits.from_info(gpu_info())  # of the current device: the caller selects it
-    return _limits[device_id]
+    limits = _cache.limits
+    if device_id not in limits:
+        limits[device_id] = DeviceLimits.from_info(gpu_info())  # of the current device: the caller selects it
+    return limits[device_id]
 
 
 def _load_function(space: Space, config: Config, problem: Problem, device, device_id: int):
@@ -230,15 +245,16 @@ def _load_function(space: Space, config: Config, problem: Problem, device, devic
 
     macros = space.macros(config, problem, device)
     key = (str(space.path), config_key(config), tuple(sorted(macros.items())), device.arch)
-    if key not in _cubins:
+    cubins, modules = _cache.cubins, _cache.modules
+    if key not in cubins:
         kernel = compile_config(space, config, problem, device)
-        _cubins[key] = (kernel.cubin_path, kernel.entry)
-    cubin_path, entry = _cubins[key]
-    if (device_id, cubin_path) not in _modules:
+        cubins[key] = (kernel.cubin_path, kernel.entry)
+    cubin_path, entry = cubins[key]
+    if (device_id, cubin_path) not in modules:
         module = cupy.cuda.function.Module()
         module.load_file(cubin_path)
-        _modules[(device_id, cubin_path)] = module
-    return _modules[(device_id, cubin_path)].get_function(entry)
+        modules[(device_id, cubin_path)] = module
+    return modules[(device_id, cubin_path)].get_function(entry)
 
 
 def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:
@@ -262,10 +278,9 @@ def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:
 def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool, device_id: int,
                 capturing) -> _Plan:
     """Validate everything about the call and build its plan (the slow path: once per key)."""
-    global _driver, _runtime
     space_key, config_key = key[0], key[1]
-    with _lock:
-        plan = _plans.get(key)
+    with _cache.lock:
+        plan = _cache.plans.get(key)
         if plan is not None:
             return plan
         space = _space(space_key)
@@ -278,9 +293,9 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
             raise AttentionError(CAPTURE_FIRST_CALL)
         from cupy.cuda import driver, runtime
 
-        from ..gpu._launch import Kernel, Shape
+        from ..gpu import Kernel
 
-        _driver, _runtime = driver, runtime
+        _cache.driver, _cache.runtime = driver, runtime
         with _select_device(device_id):
             device = _device_limits(device_id)
             reason = space.check(chosen, problem, device)
@@ -291,30 +306,20 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
                             grid=geometry.grid, threads=geometry.threads, smem_bytes=geometry.smem_bytes,
                             config=chosen, abi_params=geometry.abi)
             p = problem
-            launcher = kernel.launcher(Shape(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
-                                             p.dtype))
+            launcher = kernel.launcher(p)
             context = _current_context()
         plan = _Plan(launcher=launcher, device=device_id, context=context, lse_shape=(p.batch, p.heads_q, p.seqlen_q),
                      o_strides=(p.seqlen_q * p.heads_q * p.head_dim, p.heads_q * p.head_dim, p.head_dim),
                      default_scale=1.0 / math.sqrt(p.head_dim), config=chosen, problem=problem)
-        if len(_plans) >= _MAX_PLANS:
-            for old in list(_plans)[: _MAX_PLANS // 2]:  # the oldest half
-                del _plans[old]
-        _plans[key] = plan
+        plans = _cache.plans
+        if len(plans) >= _MAX_PLANS:
+            for old in list(plans)[: _MAX_PLANS // 2]:  # the oldest half
+                del plans[old]
+        plans[key] = plan
         return plan
 
 
 # -- PyTorch tensors ------------------------------------------------------------------------------------
-def register_torch_op() -> bool:
-    """Register ``torch.ops.flashtune.attention`` (:mod:`tuner.torch_op`); False on a PyTorch without
-    ``torch.library.custom_op`` (before 2.4), where ``tuner.attention`` still works eagerly."""
-    try:
-        from .. import serve as torch_op  # noqa: F401
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
 def _torch_device(t) -> int:
     """The CUDA device index of a tensor, -1 when it is not on a CUDA device."""
     return t.get_device() if t.is_cuda else -1
@@ -331,10 +336,9 @@ def _torch_capturing(torch) -> bool:
 
 
 def _torch_dtype(torch, t) -> str:
-    if t.dtype == torch.float16:
-        return "fp16"
-    if t.dtype == torch.bfloat16:
-        return "bf16"
+    for name, d in DTYPES.items():
+        if t.dtype == getattr(torch, d.torch_name):
+            return name
     raise AttentionError(f"tensors must be float16 or bfloat16, got {t.dtype}")
 
 
@@ -350,7 +354,10 @@ def _torch_operand(torch, x):
     return x, (ptr, stride[0], stride[1], stride[2])
 
 
-def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
+def torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True,
+                    on_new_plan: Callable[[], object] | None = None):
+    """``tuner.attention`` on PyTorch tensors: (O, LSE or None). ``on_new_plan`` is called before a plan is
+    built (``tuner.attention`` registers the PyTorch operator with it)."""
     tensor = torch.Tensor
     if not (isinstance(k, tensor) and isinstance(v, tensor)):
         raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
@@ -359,9 +366,10 @@ def _torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config
     device = _torch_device(q)
     key = (_space_key(family), _config_key(config, tuned), device, _torch_device(k), _torch_device(v),
            q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape, causal)
-    plan = _plans.get(key)
+    plan = _cache.plans.get(key)
     if plan is None:
-        register_torch_op()
+        if on_new_plan is not None:
+            on_new_plan()
         for name, x in (("q", q), ("k", k), ("v", v)):
             if _torch_device(x) < 0:
                 raise AttentionError(f"tensors must be on a CUDA device, got {x.device} for {name}")
@@ -404,7 +412,8 @@ def _cupy_operand(x):
     return x, (ptr, strides[0] // 2, strides[1] // 2, strides[2] // 2)
 
 
-def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
+def cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True):
+    """``tuner.attention`` on CuPy arrays (or inputs of no known kind, which it refuses): (O, LSE or None)."""
     import cupy
 
     if not all(isinstance(x, cupy.ndarray) for x in (q, k, v)):
@@ -416,7 +425,7 @@ def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned,
     key = (_space_key(family), _config_key(config, tuned), device, k.device.id, v.device.id, q.dtype, k.dtype,
            v.dtype, q.shape, k.shape, v.shape, causal)
     with cupy.cuda.Device(device):
-        plan = _plans.get(key)
+        plan = _cache.plans.get(key)
         if plan is None:
             if not device == key[3] == key[4]:
                 raise AttentionError(f"q, k and v must be on one device, got {device}, {key[3]} and {key[4]}")
@@ -436,42 +445,3 @@ def _cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned,
         plan.launch(cupy.cuda.get_current_stream().ptr, qa, ka, va, (o.data.ptr, *plan.o_strides), lse.data.ptr,
                     scale)
     return o, (lse if want_lse else None)
-
-
-# -- the function ---------------------------------------------------------------------------------------
-def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, family: str = "sm80",
-              config: None | Mapping[str, Any] | str | Path = None, tuned: TunedConfigs | str | Path | None = None,
-              return_lse: bool = False):
-    """Forward attention ``softmax(scale * Q K^T + mask) V`` with a flashtune kernel.
-
-    Args:
-        q: ``[batch, seqlen_q, heads_q, head_dim]`` CuPy array or PyTorch CUDA tensor, fp16 or bf16.
-        k, v: ``[batch, seqlen_k, heads_kv, head_dim]``, same kind and dtype; ``heads_kv`` divides ``heads_q``.
-        causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + seqlen_k - seqlen_q``).
-        softmax_scale: default ``1 / sqrt(head_dim)``.
-        family: kernel family (a file in ``search_spaces/``) or the path of a space file.
-        config: None (the family's defaults), a dict of knob values (others default), the path of a header
-            written by ``flashtune export`` (made for this head dim, dtype and mask), or ``"auto"``: the tuned
-            config of the bucket this shape falls in, as the dispatch header's ``select()`` picks it.
-        tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
-            the header, a suite file, a storage URL, or a :class:`tuner.tuned.TunedConfigs`.
-        return_lse: also return the natural-log log-sum-exp, fp32 ``[batch, heads_q, seqlen_q]``.
-
-    Returns:
-        O like ``q`` (same kind, dtype, device; contiguous), or ``(O, LSE)`` with ``return_lse``.
-
-    Raises:
-        AttentionError: inputs or config this kernel cannot run (one line); also for tensors that require
-            grad while grad mode is on: the kernels are forward-only.
-
-    Example:
-        >>> import torch, tuner
-        >>> q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        >>> o = tuner.attention(q, k, v, causal=True, config="studies/best.h")
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(q, torch.Tensor):
-        o, lse = _torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
-    else:
-        o, lse = _cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
-    return (o, lse) if return_lse else o

@@ -15,31 +15,34 @@ It is registered through ``torch.library.custom_op`` with a fake implementation 
 dtypes only), so ``torch.compile(fullgraph=True)`` traces it without a graph break; a call of
 :func:`tuner.attention` on tensors inside a compiled function is traced as this operator.
 The kernels are forward-only: inputs that require grad (with grad mode on) raise
-:class:`tuner.attention.AttentionError` instead of being detached silently.
+:class:`tuner.serve.AttentionError` instead of being detached silently.
 
-Importing ``tuner`` registers the operator when PyTorch is already imported, and the first
-call of :func:`tuner.attention` on tensors does; ``import tuner.torch_op`` does in any case.
+Importing this module defines the operator; :func:`tuner.serve.register_torch_op` imports it
+and hands it :func:`tuner.attention` for Dynamo to trace as the operator
+(:func:`trace_as_operator`). Importing ``tuner`` does that when PyTorch is already imported,
+and so does the first call of :func:`tuner.attention` on tensors.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
-from ._attention import FORWARD_ONLY, AttentionError
-from ._attention import attention as _attention  # the function (the tuner.attention attribute)
+from ..problem import DTYPES
+from ._attention import FORWARD_ONLY, AttentionError, torch_attention
 
-__all__ = ["attention"]
+__all__ = ["attention", "trace_as_operator"]
 
-_DTYPES = (torch.float16, torch.bfloat16)
+_DTYPES = tuple(getattr(torch, d.torch_name) for d in DTYPES.values())
 
 
 def _run(q, k, v, causal: bool, softmax_scale: float | None, family: str, config: str | None,
          tuned: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The real computation: :func:`tuner.attention` (a module-level name, so tests can stand in for the GPU)."""
-    return _attention(q, k, v, causal=causal, softmax_scale=softmax_scale, family=family,
-                                       config=config, tuned=tuned, return_lse=True)
+    """The real computation: :func:`tuner.attention` on tensors (a module-level name, so tests can stand in for
+    the GPU)."""
+    return torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, want_lse=True)
 
 
 @torch.library.custom_op("flashtune::attention", mutates_args=())
@@ -91,12 +94,18 @@ def _text(value, what: str) -> str | None:
                          f"operator's schema takes strings, not {type(value).__name__}")
 
 
-_substitute = getattr(torch.compiler, "substitute_in_graph", None)
-if _substitute is not None:  # PyTorch >= 2.5: Dynamo traces tuner.attention on tensors as the operator
+def _attention_traced(q, k, v, *, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None,
+                      return_lse=False):
+    """What Dynamo traces in place of :func:`tuner.attention` on tensors: the operator."""
+    o, lse = torch.ops.flashtune.attention(q, k, v, bool(causal), softmax_scale, _text(family, "family"),
+                                           _text(config, "config"), _text(tuned, "tuned"))
+    return (o, lse) if return_lse else o
 
-    @_substitute(_attention)
-    def _attention_traced(q, k, v, *, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None,
-                          return_lse=False):
-        o, lse = torch.ops.flashtune.attention(q, k, v, bool(causal), softmax_scale, _text(family, "family"),
-                                               _text(config, "config"), _text(tuned, "tuned"))
-        return (o, lse) if return_lse else o
+
+def trace_as_operator(function: Callable[..., object]) -> None:
+    """Have Dynamo trace ``function`` (:func:`tuner.attention`, whose signature :func:`_attention_traced` shares)
+    on tensors as the operator, on PyTorch >= 2.5 (``torch.compiler.substitute_in_graph``). Once per function:
+    a second registration is refused by Dynamo."""
+    substitute = getattr(torch.compiler, "substitute_in_graph", None)
+    if substitute is not None:
+        substitute(function)(_attention_traced)

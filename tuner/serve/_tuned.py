@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FlashtuneError
-from ..files import FileContentError, read_content
-from ..problem import DTYPES, Problem
 from ..export import JSON_FORMAT, DispatchTable, TableError, table_from_json
+from ..files import FileContentError, read_content
+from ..problem import Problem
 from ..space import Config, ConfigError, Space
 
-__all__ = ["DispatchTable", "JSON_FORMAT", "TunedConfigs", "TunedError", "load_tuned", "parse_tuned_json",
-           "tuned_configs"]
+__all__ = ["TunedConfigs", "TunedError", "load_tuned", "parse_tuned_json", "tuned_configs"]
 
 MAX_JSON_BYTES = 64 << 20
 

@@ -1,0 +1,97 @@
+"""``tuner.attention(q, k, v, causal=True, config="best.h")``: the function, and the PyTorch operator's registration.
+
+:func:`attention` picks the path for the kind of its inputs (PyTorch tensors or CuPy arrays,
+:mod:`._attention`). With PyTorch it is also the operator ``torch.ops.flashtune.attention``
+(:mod:`._torch_op`), which :func:`register_torch_op` defines: importing ``tuner`` does when
+PyTorch is already imported, and so does the first call of :func:`attention` on tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..space import Config, Space
+from ._attention import AttentionError, cupy_attention, torch_attention
+from ._tuned import TunedConfigs
+
+__all__ = ["attention", "register_torch_op", "resolve_config"]
+
+
+def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, head_dim: int | None = None) -> Config:
+    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
+    exported header."""
+    if config is None:
+        return space.defaults(head_dim)
+    if isinstance(config, (str, Path)):
+        from ..export import read_header
+
+        return read_header(config, space)
+    if isinstance(config, Mapping):
+        return space.validate(config, partial=True, head_dim=head_dim)
+    raise AttentionError(f"config must be None, a dict of knob values or the path of an exported header, "
+                         f"not {type(config).__name__}")
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, family: str = "sm80",
+              config: None | Mapping[str, Any] | str | Path = None, tuned: TunedConfigs | str | Path | None = None,
+              return_lse: bool = False):
+    """Forward attention ``softmax(scale * Q K^T + mask) V`` with a flashtune kernel.
+
+    Args:
+        q: ``[batch, seqlen_q, heads_q, head_dim]`` CuPy array or PyTorch CUDA tensor, fp16 or bf16.
+        k, v: ``[batch, seqlen_k, heads_kv, head_dim]``, same kind and dtype; ``heads_kv`` divides ``heads_q``.
+        causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + seqlen_k - seqlen_q``).
+        softmax_scale: default ``1 / sqrt(head_dim)``.
+        family: kernel family (a file in ``search_spaces/``) or the path of a space file.
+        config: None (the family's defaults), a dict of knob values (others default), the path of a header
+            written by ``flashtune export`` (made for this head dim, dtype and mask), or ``"auto"``: the tuned
+            config of the bucket this shape falls in, as the dispatch header's ``select()`` picks it.
+        tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
+            the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`.
+        return_lse: also return the natural-log log-sum-exp, fp32 ``[batch, heads_q, seqlen_q]``.
+
+    Returns:
+        O like ``q`` (same kind, dtype, device; contiguous), or ``(O, LSE)`` with ``return_lse``.
+
+    Raises:
+        AttentionError: inputs or config this kernel cannot run (one line); also for tensors that require
+            grad while grad mode is on: the kernels are forward-only.
+
+    Example:
+        >>> import torch, tuner
+        >>> q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        >>> o = tuner.attention(q, k, v, causal=True, config="studies/best.h")
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(q, torch.Tensor):
+        o, lse = torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse,
+                                 register_torch_op)
+    else:
+        o, lse = cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
+    return (o, lse) if return_lse else o
+
+
+_registering = threading.Lock()  # two threads' first calls on tensors register the operator once
+
+
+def register_torch_op() -> bool:
+    """Register ``torch.ops.flashtune.attention`` and have ``torch.compile`` trace :func:`attention` on tensors
+    as it (once per process; later calls only answer). False on a PyTorch without ``torch.library.custom_op``
+    (before 2.4), where :func:`attention` still works eagerly."""
+    with _registering:
+        return _register_once()
+
+
+@functools.cache
+def _register_once() -> bool:
+    try:
+        from ._torch_op import trace_as_operator
+    except (ImportError, AttributeError):
+        return False
+    trace_as_operator(attention)
+    return True
