@@ -33,7 +33,8 @@ def test_ring_counts_ordered_steps(toy_space):
     start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
     one = list(ring(toy_space, start, 1))
     assert sorted(tuple(sorted(_changed(c, start))) for c in one) == sorted(
-        [("block_m",)] * 2 + [("block_n",)] * 2 + [("stages",)] * 2 + [("flag",)])
+        [("block_m",)] * 2 + [("block_n",)] * 2 + [("stages",)] * 2 + [("flag",)]
+    )
     corner = {"block_m": 32, "block_n": 64, "stages": 2, "flag": 0}
     two = list(ring(toy_space, corner, 2))
     assert {**corner, "block_m": 128} in two  # two values along: two steps
@@ -52,16 +53,27 @@ def test_constraints_read_knobs_through_derived_values(toy_space):
 # -- the surrogate -----------------------------------------------------------------------------------
 def test_the_additive_model_recovers_additive_effects_and_continues_ordered_trends(toy_space):
     model = AdditiveModel(toy_space, ridge=1e-6)
-    effect = {"block_m": {32: 0.0, 64: 0.1, 128: 0.2}, "block_n": {32: 0.0, 64: -0.05, 128: 0.3},
-              "stages": {1: 0.0, 2: 0.05, 3: 0.0}, "flag": {0: 0.0, 1: 0.02}}
+    effect = {
+        "block_m": {32: 0.0, 64: 0.1, 128: 0.2},
+        "block_n": {32: 0.0, 64: -0.05, 128: 0.3},
+        "stages": {1: 0.0, 2: 0.05, 3: 0.0},
+        "flag": {0: 0.0, 1: 0.02},
+    }
 
     def tflops(c):
         return 100 * math.exp(sum(effect[k][v] for k, v in c.items()))
 
     start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
     assert model.predict(start) == 0.0  # nothing known yet
-    for c in [start, {**start, "block_m": 32}, {**start, "block_n": 128}, {**start, "stages": 1},
-              {**start, "stages": 3}, {**start, "flag": 1}, {**start, "block_n": 32}]:
+    for c in [
+        start,
+        {**start, "block_m": 32},
+        {**start, "block_n": 128},
+        {**start, "stages": 1},
+        {**start, "stages": 3},
+        {**start, "flag": 1},
+        {**start, "block_n": 32},
+    ]:
         model.add(c, tflops(c))
     assert model.count == 7
     for c in _grid(toy_space):
@@ -75,8 +87,9 @@ def test_the_additive_model_recovers_additive_effects_and_continues_ordered_tren
 def test_an_unmeasured_value_between_two_measured_ones_is_interpolated_and_a_category_stays_neutral(tmp_path):
     from tests.conftest import toy_space_text
 
-    text = toy_space_text(block_n=(32, 64, 96, 128)).replace('help = "a boolean knob"',
-                                                              'help = "a boolean knob"\nordered = false')
+    text = toy_space_text(block_n=(32, 64, 96, 128)).replace(
+        'help = "a boolean knob"', 'help = "a boolean knob"\nordered = false'
+    )
     (tmp_path / "toy.toml").write_text(text)
     space = load_space(tmp_path / "toy.toml")
     model = AdditiveModel(space, ridge=1e-6)
@@ -167,7 +180,7 @@ def test_proposals_before_any_result_spread_over_the_default_neighbourhood_and_s
         proposals.append(config)
     assert elsewhere not in proposals and len({config_key(c) for c in proposals}) == 8
     steps = [c for c in ring(toy_space, start, 1) if toy_space.check(c, problem, SM80) is None and c != elsewhere]
-    assert proposals[:len(steps)] == sorted(steps, key=proposals.index)  # the nearest level first, then wider ones
+    assert proposals[: len(steps)] == sorted(steps, key=proposals.index)  # the nearest level first, then wider ones
     search.withdraw(proposals[0])  # not measured after all (the tuner stopped): it may come again
     taken.discard(config_key(proposals[0]))
     search.observe(start, 100.0)
@@ -227,21 +240,41 @@ def test_proposing_on_the_real_sm90_space_is_fast(head_dim):
 def test_the_pattern_search_runs_a_stored_study_and_resumes_it(sqlite_url, toy_space, problem):
     from tests.fakes.fake_compile import fake_compiler
     from tests.fakes.fake_measure import FakeMeasure
-    from tuner.study import _meta as st
+    from tuner import study as st
+    from tuner.run import TuneSettings, tune
     from tuner.search import make_sampler
     from tuner.study import open_storage
-    from tuner.run import TuneSettings, tune
 
-    gpu = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
-           "driver": "0.0"}
+    gpu = {
+        "name": "Fake GPU",
+        "arch": 80,
+        "num_sms": 108,
+        "smem_per_block_optin": 166912,
+        "regs_per_sm": 65536,
+        "driver": "0.0",
+    }
     storage = open_storage(sqlite_url)
-    study = st.open_study(storage=storage, name="pattern", space=toy_space, problem=problem, gpu=gpu,
-                          sampler=make_sampler("pattern", toy_space, 0))
+    study = st.open_study(
+        storage=storage,
+        name="pattern",
+        space=toy_space,
+        problem=problem,
+        gpu=gpu,
+        sampler=make_sampler("pattern", toy_space, 0),
+    )
 
     def run(n):
         search = make_search("pattern", toy_space, problem, SM80, 0)
-        summary = tune(study, toy_space, problem, SM80, FakeMeasure(), TuneSettings(n_trials=n, compile_workers=1),
-                       search=search, compiler=fake_compiler)
+        summary = tune(
+            study,
+            toy_space,
+            problem,
+            SM80,
+            FakeMeasure(),
+            TuneSettings(n_trials=n, compile_workers=1),
+            search=search,
+            compiler=fake_compiler,
+        )
         return summary, search
 
     summary, search = run(6)
@@ -251,6 +284,68 @@ def test_the_pattern_search_runs_a_stored_study_and_resumes_it(sqlite_url, toy_s
     assert summary.explorations == 0
     summary, search = run(10)  # a new process: it learns the six from the study and goes on from the best
     assert summary.evaluated == 4 and len(search.values) >= 6
-    keys = [config_key(t.params) for t in study.get_trials() if t.user_attrs.get(st.STATUS) not in (None, "infeasible")
-            and st.DUPLICATE_OF not in t.user_attrs]
+    keys = [
+        config_key(t.params)
+        for t in study.get_trials()
+        if t.user_attrs.get(st.STATUS) not in (None, "infeasible") and st.DUPLICATE_OF not in t.user_attrs
+    ]
     assert len(keys) == len(set(keys)) == 10
+
+
+# -- the interaction surrogate (issue 17) ----------------------------------------------------------------
+def test_the_interaction_surrogate_sees_a_pair_that_pays_only_together_and_the_additive_model_does_not(toy_space):
+    from tuner.search._surrogate import InteractionGP
+
+    def tflops(c):  # block_n 128 and flag 1 each cost 3% alone and gain 5% together
+        a, b = c["block_n"] == 128, c["flag"] == 1
+        return 100.0 * (1.05 if a and b else 0.97 if a or b else 1.0) * (1 + 0.01 * c["stages"])
+
+    gp, additive = InteractionGP(toy_space), AdditiveModel(toy_space)
+    known = [c for c in _grid(toy_space) if not (c["block_n"] == 128 and c["flag"] == 1) or c["stages"] == 1]
+    for c in known:
+        gp.add(c, tflops(c))
+        additive.add(c, tflops(c))
+    pair = {"block_m": 64, "block_n": 128, "stages": 3, "flag": 1}
+    alone = {**pair, "flag": 0}
+    mean, _ = gp.predict(gp.encode([pair, alone]))
+    assert mean[0] > mean[1]  # learned from the stages=1 configs that hold the pair
+    assert additive.predict(pair) < additive.predict(alone) + 0.02  # an additive fit blurs the pair away
+
+
+def test_configs_in_flight_shrink_the_surrogates_uncertainty_near_them(toy_space):
+    from tuner.search._surrogate import InteractionGP
+
+    gp = InteractionGP(toy_space)
+    start = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    gp.add(start, 100.0)
+    near, far = {**start, "flag": 1}, {"block_m": 128, "block_n": 128, "stages": 3, "flag": 1}
+    _, alone = gp.predict(gp.encode([near, far]))
+    _, pending = gp.predict(gp.encode([near, far]), gp.encode([near]))
+    assert pending[0] < alone[0] * 0.8 and pending[1] == pytest.approx(alone[1], rel=0.2)
+
+
+def test_a_batch_of_surrogate_proposals_before_any_result_is_diverse_not_one_neighbourhood():
+    """Compile-ahead: 16 proposals before the default's result; with the surrogate proposing, they spread over
+    the space (most are more than one knob from the default, and from each other)."""
+    space = load_space("tests/search/sm90_d64.toml")
+    problem = Problem(batch=4, seqlen_q=2048, heads_q=16, head_dim=64, causal=False)
+    search = PatternSearch(space, problem, H200, seed=0, bo_share=(1.0, 1.0))
+    start = space.defaults(64)
+    taken = {config_key(start)}
+    batch = []
+    for _ in range(16):
+        config = search.propose(taken)
+        taken.add(config_key(config))
+        batch.append(config)
+    assert len({config_key(c) for c in batch}) == 16
+    assert sum(len(_changed(c, start)) > 1 for c in batch) >= 12
+    spread = [min(len(_changed(a, b)) for b in batch if b is not a) for a in batch]
+    assert sum(spread) / len(spread) >= 2
+
+
+def test_with_the_surrogate_off_the_climb_alone_proposes_until_it_is_spent(toy_space, problem):
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    start = toy_space.defaults(problem.head_dim)
+    search.observe(start, 100.0)
+    _run(search, lambda c: 90.0, 5, {config_key(start)})
+    assert search._made == {"pattern": 5, "surrogate": 0}

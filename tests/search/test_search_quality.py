@@ -18,10 +18,9 @@ import pytest
 
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.run import load_oracle, replay
-from tuner.search import DEFAULT_SAMPLER
+from tuner.run import landscapes, load_oracle, replay
+from tuner.search import DEFAULT_SEARCH
 from tuner.space import load_space
-from tuner.run import landscapes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H200 = limits_for_arch(90)
@@ -29,8 +28,10 @@ SEEDS = range(20)
 
 
 #: exhaustive H200 sweeps of tests/data/sm90_small.toml (tests/data/README.md): (file, study)
-STORED = {"fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small"),
-          "bf16-full-n2048": ("h200_sm90_small_bf16_full_n2048.db", "grid-bf16-full-n2048")}
+STORED = {
+    "fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small"),
+    "bf16-full-n2048": ("h200_sm90_small_bf16_full_n2048.db", "grid-bf16-full-n2048"),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(STORED))
@@ -67,11 +68,11 @@ def _misses(runs, *, median: float, p90: float) -> bool:
 
 
 def test_the_default_search_is_pattern():
-    assert DEFAULT_SAMPLER == "pattern"
+    assert DEFAULT_SEARCH == "pattern"
 
 
 def test_the_stored_sweep_within_1_percent_in_a_median_of_20_and_every_seed_within_30(stored):
-    runs = replay(stored, [DEFAULT_SAMPLER], SEEDS, 30)
+    runs = replay(stored, [DEFAULT_SEARCH], SEEDS, 30)
     _check(runs, median=20, p90=30, within=30)
     assert all(run.repeats == 0 and run.asks == len(run.values) - 1 for run in runs)  # the default is enqueued
 
@@ -82,7 +83,7 @@ def test_random_order_misses_the_target_on_the_stored_sweep(stored):
 
 def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(stored):
     """A real H200 run proposes ~17 configs before the first result; stated target: median 25, p90 35."""
-    _check(replay(stored, [DEFAULT_SAMPLER], SEEDS, 50, window=17), median=25, p90=35, within=50)
+    _check(replay(stored, [DEFAULT_SEARCH], SEEDS, 50, window=17), median=25, p90=35, within=50)
 
 
 def _problem(head_dim: int, seqlen: int, causal: bool, batch: int = 4) -> Problem:
@@ -91,26 +92,54 @@ def _problem(head_dim: int, seqlen: int, causal: bool, batch: int = 4) -> Proble
 
 def test_planted_landscapes_over_the_small_sm90_space_at_another_shape():
     oracles = landscapes("planted", load_space(DATA / "sm90_small.toml"), _problem(128, 512, False), H200)
-    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=20, p90=30, within=60)
+    _check(replay(oracles, [DEFAULT_SEARCH], SEEDS, 60), median=20, p90=30, within=60)
     assert _misses(replay(oracles, ["grid"], SEEDS, 30), median=20, p90=30)
 
 
 def test_planted_landscapes_over_the_sm80_space():
     oracles = landscapes("planted", load_space("sm80"), _problem(128, 16384, True), H200)
-    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=20, p90=30, within=60)
+    _check(replay(oracles, [DEFAULT_SEARCH], SEEDS, 60), median=20, p90=30, within=60)
     assert _misses(replay(oracles, ["grid"], SEEDS, 30), median=20, p90=30)
 
 
 def test_rugged_additive_landscapes_over_the_sm80_space():
     """Random per-knob effects and pairwise interactions: stated target median 15, p90 40, one seed may miss 60."""
     oracles = landscapes("additive", load_space("sm80"), _problem(64, 1024, False), H200)
-    _check(replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60), median=15, p90=40, within=60, never=1)
+    _check(replay(oracles, [DEFAULT_SEARCH], SEEDS, 60), median=15, p90=40, within=60, never=1)
 
 
 def test_planted_landscapes_over_the_whole_sm90_space():
     """43.8 million grid points, 0.08% feasible at D 256: stated target median 20, 16 of 20 seeds within 60."""
     oracles = landscapes("planted", load_space("sm90"), _problem(256, 8192, True, batch=2), H200)
-    runs = replay(oracles, [DEFAULT_SAMPLER], SEEDS, 60)
+    runs = replay(oracles, [DEFAULT_SEARCH], SEEDS, 60)
     hits = _hits(runs)
     assert statistics.median(hits) <= 20 and sum(h <= 60 for h in hits) >= 16, sorted(hits)
     assert all(run.repeats == 0 for run in runs)
+
+
+# -- landscapes of the class issue 17 names (tests/search/landscapes.py): pairs that pay only together -------
+D64 = Path(__file__).resolve().parent / "sm90_d64.toml"
+D64_PROBLEM = Problem(batch=4, seqlen_q=2048, heads_q=16, head_dim=64, causal=False)
+FEW_SEEDS = range(10)
+
+
+def _family(kind: str):
+    from tests.search.landscapes import family
+
+    return family(kind, load_space(D64), D64_PROBLEM, H200)
+
+
+def test_coupled_landscapes_over_the_d64_space_within_1_percent_in_a_median_of_20():
+    """The best is 2-3 knobs from the default, two of them a pair that is worse alone: the target holds."""
+    oracles = _family("coupled")
+    _check(replay(oracles, [DEFAULT_SEARCH], FEW_SEEDS, 60), median=20, p90=30, within=60)
+    assert _misses(replay(oracles, ["grid"], FEW_SEEDS, 30), median=20, p90=30)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 17: not met yet (island: median 24; decoy: median 34.5, p90 42)")
+@pytest.mark.parametrize("kind", ["island", "decoy"])
+def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
+    """The best across a knob no single step changes (island), or past a local hill around the default
+    (decoy): the issue's target, which the default search does not meet yet (strict: it says so when it does)."""
+    _check(replay(_family(kind), [DEFAULT_SEARCH], FEW_SEEDS, 60), median=20, p90=30, within=60)

@@ -27,16 +27,20 @@ compile-ahead the proposals made before results arrive continue down the same ra
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterator, Set
+
+import numpy as np
 
 from ..devices import DeviceLimits
 from ..problem import Problem
 from ..space import Config, Knob, Space, config_key
 from ._base import Search
 from ._model import AdditiveModel
+from ._surrogate import InteractionGP, expected_improvement
 
-__all__ = ["LEVEL_PENALTY", "LEVELS", "PatternSearch", "constraint_knobs", "ring"]
+__all__ = ["BO_SHARE", "LEVELS", "LEVEL_PENALTY", "PatternSearch", "constraint_knobs", "ring"]
 
 #: the levels of a neighbourhood, nearest first (see the module docstring)
 LEVELS = ("step", "coupled step", "jump", "pair")
@@ -45,6 +49,16 @@ LEVELS = ("step", "coupled step", "jump", "pair")
 LEVEL_PENALTY = 0.005
 REPAIR_STEPS = 2  # further steps a repair may take
 REPAIR_CHECKS = 200  # static checks one repair may spend
+#: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls); 0:
+#: only when the climb has nothing left (shares tried on the synthetic landscapes of tests/search/: see
+#: the class docstring)
+BO_SHARE = (0.0, 0.0)
+RIVALRY = math.inf  # the surrogate's pick replaces the climb's when it expects this many times its improvement
+STALL = 4  # results without a better best after which the climb counts as stalled
+IMPROVEMENT = 0.002  # log TFLOPS a new best must gain to count as one (below: noise)
+POOL_ENUMERATE = 20_000  # grid points up to which the surrogate ranks every feasible config
+POOL_DRAWS = 120  # otherwise: random coupled moves (2-3 knobs, repaired) drawn around the best centres
+_FEASIBLE: dict[tuple, list[Config]] = {}  # (space, problem, device) -> every feasible config, per process
 
 
 def ring(space: Space, config: Config, distance: int, *, keep: Set[str] = frozenset()) -> Iterator[Config]:
@@ -75,8 +89,9 @@ def constraint_knobs(space: Space) -> dict[str, set[str]]:
     reads: dict[str, set[str]] = {}
     for d in space.derived:  # declared before use: one pass in order resolves chains
         reads[d.name] = set().union(*(({n} & knobs) | reads.get(n, set()) for n in d.expr.names))
-    return {c.name: set().union(*(({n} & knobs) | reads.get(n, set()) for n in c.expr.names))
-            for c in space.constraints}
+    return {
+        c.name: set().union(*(({n} & knobs) | reads.get(n, set()) for n in c.expr.names)) for c in space.constraints
+    }
 
 
 def _reach(knob: Knob) -> int:
@@ -92,34 +107,53 @@ def _changes(a: Config, b: Config) -> int:
 class PatternSearch(Search):
     """See the module docstring."""
 
-    def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None, *,
-                 level_penalty: float = LEVEL_PENALTY) -> None:
+    def __init__(
+        self,
+        space: Space,
+        problem: Problem,
+        device: DeviceLimits,
+        seed: int | None,
+        *,
+        level_penalty: float = LEVEL_PENALTY,
+        bo_share: tuple[float, float] = BO_SHARE,
+        rivalry: float = RIVALRY,
+    ) -> None:
         super().__init__(space, problem, device, seed)
         self.start = space.defaults(problem.head_dim)
         self.level_penalty = level_penalty
+        self.bo_share = bo_share
+        self.rivalry = rivalry
         self.model = AdditiveModel(space)
+        self.surrogate = InteractionGP(space)
         self.values: dict[str, float] = {}  # measured configs that ran: key -> log TFLOPS
         self.configs: dict[str, Config] = {config_key(self.start): self.start}  # centres, and the start
         self.current: tuple[float, str, int] | None = None  # (priority, centre key, level) proposing now
         self._heads: list[tuple[float, float, str, int]] = []  # max-heap of (-priority, tie, centre key, level)
         self._neighbourhoods: dict[tuple[str, int], list[tuple[str, Config]]] = {}
-        self._open: set[str] = set()  # own proposals not yet observed
+        self._open: dict[str, Config] = {}  # own proposals not yet observed
         self._reads = constraint_knobs(space)
+        self._made = {"pattern": 0, "surrogate": 0}  # proposals by each source
+        self._since_best = 0  # results since the best improved
+        self._pool: tuple[list[str], list[Config], np.ndarray] | None = None  # the enumerated pool, encoded
 
     # -- learning ---------------------------------------------------------------------------------
     def _learn(self, config: Config, value: float | None) -> None:
         key = config_key(config)
-        self._open.discard(key)
+        self._open.pop(key, None)
+        self.surrogate.add(config, value)
         if value is None or value <= 0:
             self.model.add_failure(config)
+            self._since_best += 1
             return
+        best = max(self.values.values(), default=-math.inf)
+        self._since_best = 0 if math.log(value) > best + IMPROVEMENT else self._since_best + 1
         self.model.add(config, value)
         self.values[key] = math.log(value)
         self.configs[key] = config
         self._push(key, 1)
 
     def withdraw(self, config: Config) -> None:
-        self._open.discard(config_key(config))
+        self._open.pop(config_key(config), None)
 
     # -- choosing where to propose from -------------------------------------------------------------
     def _priority(self, key: str, level: int) -> float:
@@ -161,18 +195,27 @@ class PatternSearch(Search):
             centre = self.configs[key]
             name = LEVELS[level - 1]
             if name in ("step", "coupled step"):
-                pool = [{**centre, k.name: v} for k in self.space.knobs for i, v in enumerate(k.values)
-                        if 0 < abs(i - k.values.index(centre[k.name])) <= _reach(k) or not k.ordered
-                        and v != centre[k.name]]
+                pool = [
+                    {**centre, k.name: v}
+                    for k in self.space.knobs
+                    for i, v in enumerate(k.values)
+                    if 0 < abs(i - k.values.index(centre[k.name])) <= _reach(k)
+                    or (not k.ordered and v != centre[k.name])
+                ]
             elif name == "jump":
-                pool = [{**centre, k.name: v} for k in self.space.knobs if k.ordered
-                        for i, v in enumerate(k.values) if abs(i - k.values.index(centre[k.name])) > _reach(k)]
+                pool = [
+                    {**centre, k.name: v}
+                    for k in self.space.knobs
+                    if k.ordered
+                    for i, v in enumerate(k.values)
+                    if abs(i - k.values.index(centre[k.name])) > _reach(k)
+                ]
             else:
                 pool = [c for c in ring(self.space, centre, 2) if _changes(c, centre) == 2]
             out: dict[str, Config] = {}
             for other in pool:
                 feasible = self.feasible(other)
-                if name == "coupled step" and feasible or name in ("step", "pair") and not feasible:
+                if (name == "coupled step" and feasible) or (name in ("step", "pair") and not feasible):
                     continue
                 if not feasible:
                     other = self._repair(other, {n for n in other if other[n] != centre[n]})
@@ -206,6 +249,31 @@ class PatternSearch(Search):
 
     # -- proposing -------------------------------------------------------------------------------------
     def propose(self, taken: Set[str]) -> Config | None:
+        """The climb's next config; the surrogate's pick instead on its turns (a share ``bo_share`` of the
+        proposals), when it expects ``rivalry`` times the improvement of the climb's, or when the climb
+        has nothing left. By default (:data:`BO_SHARE`, :data:`RIVALRY`) only the last."""
+        turn = self._surrogate_turn()
+        climb = None if turn else self._propose_pattern(taken)
+        rival = None
+        if climb is None or math.isfinite(self.rivalry):
+            rival = self._propose_surrogate(taken, against=climb)
+        if rival is not None and (climb is None or rival[1] > self.rivalry * rival[2]):
+            config, source = rival[0], "surrogate"
+        elif climb is not None or (climb := self._propose_pattern(taken)) is not None:
+            config, source = climb, "pattern"
+        else:
+            return None
+        self.stats.asks += 1
+        self._open[config_key(config)] = config
+        self._made[source] += 1
+        return dict(config)
+
+    def _surrogate_turn(self) -> bool:
+        share = self.bo_share[self._since_best >= STALL]
+        made = self._made["pattern"] + self._made["surrogate"]
+        return self._made["surrogate"] < share * (made + 1) - 1e-9 and made > 0
+
+    def _propose_pattern(self, taken: Set[str]) -> Config | None:
         while (choice := self._choose()) is not None:
             key, level = choice
             best: tuple[float, str, Config] | None = None
@@ -216,11 +284,70 @@ class PatternSearch(Search):
                 if best is None or score > best[0]:
                     best = (score, other_key, other)
             if best is not None:
-                self.stats.asks += 1
-                self._open.add(best[1])
-                return dict(best[2])
+                return best[2]
             if key in self.values:
                 self._spent(key, level)
             else:  # the start before its result: its next level
                 self.current = (math.inf, key, level + 1)
         return None
+
+    # -- the interaction surrogate's proposals -------------------------------------------------------
+    def _propose_surrogate(self, taken: Set[str], against: Config | None = None) -> tuple[Config, float, float] | None:
+        """(config, its expected improvement, that of ``against``): the untaken candidate of highest expected
+        improvement under :class:`~._surrogate.InteractionGP`, configs in flight shrinking the uncertainty
+        near them (a batch spreads out); None when no candidate is left."""
+        keys, configs, encoded = self._candidates()
+        free = [i for i, k in enumerate(keys) if k not in taken and k not in self.results and k not in self._open]
+        if not free:
+            return None
+        pending = self.surrogate.encode(list(self._open.values())) if self._open else None
+        rows = encoded[free] if against is None else np.vstack([encoded[free], self.surrogate.encode([against])])
+        mean, std = self.surrogate.predict(rows, pending)
+        score = expected_improvement(mean, std, self.surrogate.best())
+        theirs = float(score[-1]) if against is not None else 0.0
+        mine = score[: len(free)] + 1e-12 * np.array([self.rng.random() for _ in free])
+        best = int(np.argmax(mine))
+        return configs[free[best]], float(score[best]), theirs
+
+    def _candidates(self) -> tuple[list[str], list[Config], np.ndarray]:
+        """Every feasible config of a small space; else coupled moves and jumps around the best centres."""
+        if self.space.size() <= POOL_ENUMERATE:
+            if self._pool is None:
+                configs = _every_feasible(self)
+                self._pool = ([config_key(c) for c in configs], configs, self.surrogate.encode(configs))
+            return self._pool
+        out: dict[str, Config] = {}
+        centres = sorted(self.values, key=self.values.__getitem__, reverse=True)[:3] or [config_key(self.start)]
+        for key in centres:
+            for level in range(1, len(LEVELS) + 1):
+                out.update(self.neighbourhood(key, level))
+            for _ in range(POOL_DRAWS // len(centres)):
+                other = self._coupled_draw(self.configs[key])
+                if other is not None:
+                    out.setdefault(config_key(other), other)
+        configs = list(out.values())
+        return list(out), configs, self.surrogate.encode(configs)
+
+    def _coupled_draw(self, centre: Config) -> Config | None:
+        """``centre`` with 2-3 knobs set to random values, repaired when the static check refuses it."""
+        varied = [k for k in self.space.knobs if len(k.values) > 1]
+        other = dict(centre)
+        for k in self.rng.sample(varied, min(len(varied), self.rng.choice((2, 3)))):
+            other[k.name] = self.rng.choice([v for v in k.values if v != centre[k.name]])
+        if self.feasible(other):
+            return other
+        return self._repair(other, {n for n in other if other[n] != centre[n]})
+
+
+def _every_feasible(search: Search) -> list[Config]:
+    """Every statically feasible config of a small space, enumerated once per process."""
+    space = search.space
+    key = (space.name, str(getattr(space, "path", "")), space.size(), search.problem, search.device)
+    if key not in _FEASIBLE:
+        names = [k.name for k in space.knobs]
+        _FEASIBLE[key] = [
+            c
+            for values in itertools.product(*(k.values for k in space.knobs))
+            if search.feasible(c := dict(zip(names, values)))
+        ]
+    return _FEASIBLE[key]
