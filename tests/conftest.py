@@ -64,8 +64,9 @@ def real_kernel_files() -> tuple[str, str]:
     pytest.skip("no kernel family under kernel_src/ yet")
 
 
-def toy_space_text(*, name: str = "toy", block_m=(32, 64, 128), block_n=(32, 64, 128), stages=(1, 2, 3),
-                   flag=(0, 1)) -> str:
+def toy_space_text(
+    *, name: str = "toy", block_m=(32, 64, 128), block_n=(32, 64, 128), stages=(1, 2, 3), flag=(0, 1)
+) -> str:
     source, header = real_kernel_files()
     return f'''
 [family]

@@ -55,8 +55,9 @@ class PostgresServer:
         self.start()
 
     def _run(self, tool: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.as_user, str(self.bindir / tool), *args], capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [*self.as_user, str(self.bindir / tool), *args], capture_output=True, text=True, timeout=120
+        )
 
     @property
     def url(self) -> str:

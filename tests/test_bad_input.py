@@ -70,8 +70,16 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 def flashtune(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300, check=False, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +97,19 @@ def db():
         plain = optuna.create_study(study_name="plain", storage=url, direction="minimize")
         plain.optimize(lambda t: t.suggest_float("x", 0, 1) * 1e9, n_trials=3)
         stale = make_study(url, "stale-config", n_trials=6, failures=False)
-        stale.set_user_attr("winner", dict(stale.user_attrs["winner"],
-                                           config={**stale.user_attrs["winner"]["config"], space.knobs[0].name: 999}))
+        stale.set_user_attr(
+            "winner",
+            dict(stale.user_attrs["winner"], config={**stale.user_attrs["winner"]["config"], space.knobs[0].name: 999}),
+        )
         make_study(url, "bad-winner", n_trials=6, failures=False).set_user_attr("winner", "garbage")
         make_study(url, ESCAPED_NAME, n_trials=6, failures=False)
         infinite = make_study(url, "infinite", n_trials=6, failures=False, winner=False)
         best = max(infinite.get_trials(states=(TrialState.COMPLETE,)), key=lambda t: t.value)
-        infinite.add_trial(optuna.trial.create_trial(value=math.inf, params=best.params, distributions=best.distributions,
-                                                     user_attrs={"status": "ok"}))
+        infinite.add_trial(
+            optuna.trial.create_trial(
+                value=math.inf, params=best.params, distributions=best.distributions, user_attrs={"status": "ok"}
+            )
+        )
         yield url, directory
 
 
@@ -112,7 +125,7 @@ def untouched(db):
 # -- 1. -o writes into what it names, never replaces a device, pipe or link ------------------------------
 def test_export_to_dev_null_keeps_the_device(capsys, untouched, tmp_path):
     before = os.stat("/dev/null")
-    rc, out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", "/dev/null")
+    rc, _out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", "/dev/null")
     assert rc == 0, err
     after = os.stat("/dev/null")
     assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
@@ -132,7 +145,7 @@ def test_export_into_a_fifo_writes_through_and_keeps_the_fifo(capsys, untouched,
     received: list[bytes] = []
     reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
     reader.start()
-    rc, out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", str(fifo))
+    rc, _out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", str(fifo))
     reader.join(timeout=30)
     assert rc == 0, err
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
@@ -144,7 +157,7 @@ def test_export_through_a_symlink_replaces_the_target_and_keeps_the_link(capsys,
     target.write_text("old")
     link = tmp_path / "link.h"
     link.symlink_to(target)
-    rc, out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", str(link))
+    rc, _out, err = run(capsys, "export", "--study", "good", "--storage", untouched, "-o", str(link))
     assert rc == 0, err
     assert link.is_symlink() and "#define FT_" in target.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.h", "real.h"]  # no temporary file left
@@ -152,8 +165,12 @@ def test_export_through_a_symlink_replaces_the_target_and_keeps_the_link(capsys,
 
 @pytest.mark.parametrize("where", ["dir", "missing-folder", "long-name", "empty"])
 def test_unusable_output_paths_are_refused_before_any_work(capsys, untouched, tmp_path, where):
-    path = {"dir": str(tmp_path), "missing-folder": str(tmp_path / "no" / "x.h"),
-            "long-name": str(tmp_path / ("x" * 300 + ".h")), "empty": ""}[where]
+    path = {
+        "dir": str(tmp_path),
+        "missing-folder": str(tmp_path / "no" / "x.h"),
+        "long-name": str(tmp_path / ("x" * 300 + ".h")),
+        "empty": "",
+    }[where]
     fragment = "-o" if where == "empty" else "cannot write"
     refused(capsys, "export", "--study", "good", "--storage", untouched, "-o", path, fragments=(fragment,))
     refused(capsys, "report", "--study", "good", "--storage", untouched, "-o", path, fragments=(fragment,))
@@ -172,8 +189,11 @@ SECRET_URLS = [
 
 
 @pytest.mark.parametrize(("url", "secrets"), SECRET_URLS, ids=[f"url{i}" for i in range(len(SECRET_URLS))])
-@pytest.mark.parametrize("command", [("studies",), ("best", "--study", "x"), ("export", "--study", "x"),
-                                     ("report", "--study", "x")], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [("studies",), ("best", "--study", "x"), ("export", "--study", "x"), ("report", "--study", "x")],
+    ids=lambda c: c[0],
+)
 def test_no_password_is_printed(capsys, tmp_path, monkeypatch, url, secrets, command):
     pytest.importorskip("psycopg")
     monkeypatch.chdir(tmp_path)
@@ -185,10 +205,16 @@ def test_no_password_from_a_suite_file(capsys, tmp_path, monkeypatch):
     pytest.importorskip("psycopg")
     monkeypatch.chdir(tmp_path)
     suite = tmp_path / "s.toml"
-    suite.write_text(f'family = "{family_for_tests()}"\nstorage = "postgresql+psycopg://u:Su1te@Secret@127.0.0.1:x/db"\n'
-                     "[grid]\nhead_dim = 128\nheads = 2\nbatch = 1\nseqlen = 128\n")
-    for command in (("report", "--suite", str(suite)), ("export", "--dispatch", "--suite", str(suite)),
-                    ("tune", "--suite", str(suite)), ("bench", "--suite", str(suite))):
+    suite.write_text(
+        f'family = "{family_for_tests()}"\nstorage = "postgresql+psycopg://u:Su1te@Secret@127.0.0.1:x/db"\n'
+        "[grid]\nhead_dim = 128\nheads = 2\nbatch = 1\nseqlen = 128\n"
+    )
+    for command in (
+        ("report", "--suite", str(suite)),
+        ("export", "--dispatch", "--suite", str(suite)),
+        ("tune", "--suite", str(suite)),
+        ("bench", "--suite", str(suite)),
+    ):
         refused(capsys, *command, secrets=("Su1te@Secret", "Su1te", "Secret@127"))
 
 
@@ -201,13 +227,22 @@ def _foreign_db(path: Path, tables: tuple[str, ...]) -> None:
     conn.close()
 
 
-COMMANDS = [("studies",), ("best", "--study", "x"), ("export", "--study", "x"), ("report", "--study", "x"),
-            ("bench", "--study", "x"), ("worker", "--study", "x"), ("tune",)]
+COMMANDS = [
+    ("studies",),
+    ("best", "--study", "x"),
+    ("export", "--study", "x"),
+    ("report", "--study", "x"),
+    ("bench", "--study", "x"),
+    ("worker", "--study", "x"),
+    ("tune",),
+]
 
 
-@pytest.mark.parametrize("tables", [("users",), ("studies",), ("studies", "users"), ("studies", "trials", "version_info",
-                                                                                     "accounts")],
-                         ids=["users", "studies", "studies-and-users", "optuna-like-and-accounts"])
+@pytest.mark.parametrize(
+    "tables",
+    [("users",), ("studies",), ("studies", "users"), ("studies", "trials", "version_info", "accounts")],
+    ids=["users", "studies", "studies-and-users", "optuna-like-and-accounts"],
+)
 @pytest.mark.parametrize("name", ["app.db", "a#b.db", "with space.db"])
 def test_another_program_s_database_is_refused_and_unchanged(capsys, tmp_path, monkeypatch, tables, name):
     monkeypatch.chdir(tmp_path)
@@ -235,25 +270,34 @@ def test_reading_commands_create_no_schema(capsys, tmp_path, content, name):
 
 
 def test_reading_commands_change_no_byte_of_a_study_database(capsys, untouched):
-    for command in (("studies",), ("best", "--study", "good"), ("best", "--study", "good", "--json"),
-                    ("export", "--study", "good"), ("export", "--dispatch", "--study", "good"),
-                    ("report", "--study", "good", "-o", "/dev/null")):
-        rc, out, err = run(capsys, *command, "--storage", untouched)
+    for command in (
+        ("studies",),
+        ("best", "--study", "good"),
+        ("best", "--study", "good", "--json"),
+        ("export", "--study", "good"),
+        ("export", "--dispatch", "--study", "good"),
+        ("report", "--study", "good", "-o", "/dev/null"),
+    ):
+        rc, _out, err = run(capsys, *command, "--storage", untouched)
         assert rc == 0, (command, err)
 
 
 def test_a_database_with_random_bytes_inside_is_one_line(capsys, tmp_path, db):
-    url, directory = db
+    _url, directory = db
     broken = tmp_path / "broken.db"
     shutil.copy(directory / "studies.db", broken)
     data = bytearray(broken.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 8192] = os.urandom(8192)
+    data[middle : middle + 8192] = os.urandom(8192)
     broken.write_bytes(bytes(data))
     before = broken.read_bytes()
-    for command in (("studies",), ("best", "--study", "good"), ("export", "--study", "good"),
-                    ("report", "--study", "good")):
-        rc, out, err = run(capsys, *command, "--storage", f"sqlite:///{broken}")
+    for command in (
+        ("studies",),
+        ("best", "--study", "good"),
+        ("export", "--study", "good"),
+        ("report", "--study", "good"),
+    ):
+        rc, _out, err = run(capsys, *command, "--storage", f"sqlite:///{broken}")
         if rc != 0:  # the damage may miss what a command reads; where it hits, one line
             lines = err.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith(f"flashtune {command[0]}: error: "), err
@@ -272,8 +316,12 @@ def test_in_memory_storage_is_refused(capsys, tmp_path, monkeypatch, url):
 def test_unwritable_or_impossible_database_paths(capsys, tmp_path, monkeypatch, where):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file.txt").write_text("x")
-    path = {"proc": "/proc/flashtune-test/s.db", "under-a-file": str(tmp_path / "file.txt" / "s.db"),
-            "directory": str(tmp_path), "device": "/dev/null"}[where]
+    path = {
+        "proc": "/proc/flashtune-test/s.db",
+        "under-a-file": str(tmp_path / "file.txt" / "s.db"),
+        "directory": str(tmp_path),
+        "device": "/dev/null",
+    }[where]
     for command in (("tune",), ("studies",), ("best", "--study", "x"), ("export", "--study", "x")):
         refused(capsys, *command, "--storage", f"sqlite:///{path}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
@@ -281,12 +329,12 @@ def test_unwritable_or_impossible_database_paths(capsys, tmp_path, monkeypatch, 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files")
 def test_a_read_only_database_is_refused_for_tuning_and_read_for_reading(capsys, tmp_path, db):
-    url, directory = db
+    _url, directory = db
     copy = tmp_path / "ro.db"
     shutil.copy(directory / "studies.db", copy)
     copy.chmod(0o444)
     refused(capsys, "tune", "--storage", f"sqlite:///{copy}", fragments=("read-only",))
-    rc, out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
+    rc, _out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
     assert rc == 0, err
 
 
@@ -294,15 +342,18 @@ def test_a_read_only_database_is_refused_before_tuning(capsys, tmp_path, monkeyp
     """As the root user (CI) cannot make a file read-only, the access check is what is tested here."""
     import tuner.study._storage
 
-    url, directory = db
+    _url, directory = db
     copy = tmp_path / "ro.db"
     shutil.copy(directory / "studies.db", copy)
     real_access = os.access
-    monkeypatch.setattr(tuner.study._storage.os, "access",
-                        lambda path, mode: False if Path(path) == copy and mode & os.W_OK else real_access(path, mode))
+    monkeypatch.setattr(
+        tuner.study._storage.os,
+        "access",
+        lambda path, mode: False if Path(path) == copy and mode & os.W_OK else real_access(path, mode),
+    )
     before = snapshot(tmp_path)
     refused(capsys, "tune", "--storage", f"sqlite:///{copy}", fragments=("read-only",))
-    rc, out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
+    rc, _out, err = run(capsys, "best", "--study", "good", "--storage", f"sqlite:///{copy}")
     assert rc == 0, err  # reading needs no write access
     assert snapshot(tmp_path) == before
 
@@ -316,9 +367,17 @@ def _space_copy(tmp_path: Path, family: str, edit) -> Path:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("expr", ["block_m ** block_m ** block_m > 0", "2 ** block_m > 0", "block_m ** 65 > 0",
-                                  "9" * 3000 + " > 0", "(1 + " * 200 + "1" + ")" * 200 + " > 0",
-                                  " * ".join(["block_m"] * 10) + " > 0"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "block_m ** block_m ** block_m > 0",
+        "2 ** block_m > 0",
+        "block_m ** 65 > 0",
+        "9" * 3000 + " > 0",
+        "(1 + " * 200 + "1" + ")" * 200 + " > 0",
+        " * ".join(["block_m"] * 10) + " > 0",
+    ],
+)
 def test_unbounded_expressions_are_refused_or_bounded(capsys, tmp_path, expr):
     require = "sm80"
     if require not in available_families():
@@ -332,28 +391,47 @@ def test_unbounded_expressions_are_refused_or_bounded(capsys, tmp_path, expr):
 
 # -- 5. nothing from a space file reaches a header or a path unchecked ----------------------------------------
 HOSTILE_SPACES = {
-    "arch-suffix-newline": (lambda t: t.replace('arch_suffix = ""', 'arch_suffix = "a\\n#define FT_EVIL 1"'),
-                            "arch_suffix"),
+    "arch-suffix-newline": (
+        lambda t: t.replace('arch_suffix = ""', 'arch_suffix = "a\\n#define FT_EVIL 1"'),
+        "arch_suffix",
+    ),
     "knob-name-newline": (lambda t: t.replace("[knobs.block_m]", '[knobs."block_m\\n"]'), "lower_snake_case"),
     "macro-newline": (lambda t: t.replace('macro = "FT_BLOCK_M"', 'macro = "FT_BLOCK_M\\n"'), "FT_UPPER_CASE"),
-    "source-outside": (lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "../../../../etc/passwd"'),
-                       "inside kernel_src/"),
-    "source-absolute": (lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "/etc/passwd"'),
-                        "inside kernel_src/"),
-    "source-newline": (lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "sm80/flash_fwd.cu\\n"'),
-                       "inside kernel_src/"),
-    "config-header-outside": (lambda t: t.replace('config_header = "sm80/config.cuh"',
-                                                  'config_header = "sm80/../../README.md"'), "inside kernel_src/"),
+    "source-outside": (
+        lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "../../../../etc/passwd"'),
+        "inside kernel_src/",
+    ),
+    "source-absolute": (
+        lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "/etc/passwd"'),
+        "inside kernel_src/",
+    ),
+    "source-newline": (
+        lambda t: t.replace('source = "sm80/flash_fwd.cu"', 'source = "sm80/flash_fwd.cu\\n"'),
+        "inside kernel_src/",
+    ),
+    "config-header-outside": (
+        lambda t: t.replace('config_header = "sm80/config.cuh"', 'config_header = "sm80/../../README.md"'),
+        "inside kernel_src/",
+    ),
     "entry-injection": (lambda t: t.replace('entry = "flashtune_fwd"', 'entry = "f(); system(\\"x\\")"'), "entry"),
     "abi-newline": (lambda t: t.replace('abi = "flat"', 'abi = "flat\\n"'), "abi"),
-    "bool-values": (lambda t: t.replace("[knobs.q_in_regs]\nmacro = \"FT_Q_IN_REGS\"\nvalues = [0, 1]",
-                                        "[knobs.q_in_regs]\nmacro = \"FT_Q_IN_REGS\"\nvalues = [false, true]"),
-                    "integers"),
+    "bool-values": (
+        lambda t: t.replace(
+            '[knobs.q_in_regs]\nmacro = "FT_Q_IN_REGS"\nvalues = [0, 1]',
+            '[knobs.q_in_regs]\nmacro = "FT_Q_IN_REGS"\nvalues = [false, true]',
+        ),
+        "integers",
+    ),
     "huge-values": (lambda t: t.replace("values = [0, 1]", "values = [0, 100000000000000]", 1), "C int"),
-    "constraint-name-newline": (lambda t: t + '\n[constraints."x\\ny"]\nexpr = "1"\nmessage = "m"\n', "lower_snake_case"),
+    "constraint-name-newline": (
+        lambda t: t + '\n[constraints."x\\ny"]\nexpr = "1"\nmessage = "m"\n',
+        "lower_snake_case",
+    ),
     "macro-never-read": (lambda t: t.replace('macro = "FT_PV_SPLIT"', 'macro = "FT_NOPE"'), "never read"),
-    "derived-macro-never-read": (lambda t: t.replace('macro = "FT_SMEM_BYTES"', 'macro = "FT_SMEM_NOPE"'),
-                                 "never read"),
+    "derived-macro-never-read": (
+        lambda t: t.replace('macro = "FT_SMEM_BYTES"', 'macro = "FT_SMEM_NOPE"'),
+        "never read",
+    ),
     "head-dims-bool": (lambda t: t.replace("head_dims = [64, 128]", "head_dims = [true]"), "head_dims"),
     "min-arch-text": (lambda t: t.replace("min_arch = 80", 'min_arch = "80"'), "min_arch"),
 }
@@ -382,8 +460,12 @@ def test_latin1_space_and_suite_files(capsys, tmp_path):
     refused(capsys, "check", "--family", str(path), fragments=("not UTF-8",))
     suite = tmp_path / "suite.toml"
     suite.write_bytes('description = "caf\u00e9"\nfamily = "sm80"\n'.encode("latin-1"))
-    for command in (("tune", "--suite", str(suite)), ("report", "--suite", str(suite)),
-                    ("export", "--dispatch", "--suite", str(suite)), ("bench", "--suite", str(suite))):
+    for command in (
+        ("tune", "--suite", str(suite)),
+        ("report", "--suite", str(suite)),
+        ("export", "--dispatch", "--suite", str(suite)),
+        ("bench", "--suite", str(suite)),
+    ):
         refused(capsys, *command, fragments=("not UTF-8",))
 
 
@@ -403,21 +485,31 @@ def test_a_new_study_name_with_control_characters_is_refused(capsys, tmp_path, m
 
 
 # -- 9. best, export, bench and report share one check ----------------------------------------------------------
-@pytest.mark.parametrize(("study", "fragment"), [
-    ("plain", "not created by flashtune"),
-    ("stale-config", "no longer fits"),
-    ("bad-winner", "malformed winner"),
-    ("empty", "no successful trial"),
-    ("all-failed", "no successful trial"),
-    ("absent", "no study named 'absent'"),
-])
+@pytest.mark.parametrize(
+    ("study", "fragment"),
+    [
+        ("plain", "not created by flashtune"),
+        ("stale-config", "no longer fits"),
+        ("bad-winner", "malformed winner"),
+        ("empty", "no successful trial"),
+        ("all-failed", "no successful trial"),
+        ("absent", "no study named 'absent'"),
+    ],
+)
 def test_best_export_bench_report_refuse_the_same_studies(capsys, untouched, tmp_path, monkeypatch, study, fragment):
     monkeypatch.chdir(tmp_path)
     for command in (("best",), ("best", "--json"), ("export",), ("bench",)):
         refused(capsys, *command, "--study", study, "--storage", untouched, fragments=(fragment,))
     if study not in ("stale-config", "bad-winner"):  # a report shows these, with a note
-        refused(capsys, "report", "--study", study, "--storage", untouched,
-                fragments=(fragment if study != "all-failed" else "no successful trial",))
+        refused(
+            capsys,
+            "report",
+            "--study",
+            study,
+            "--storage",
+            untouched,
+            fragments=(fragment if study != "all-failed" else "no successful trial",),
+        )
     assert list(tmp_path.iterdir()) == []  # no report page written
 
 
@@ -436,43 +528,46 @@ def test_best_json_is_strict_json(capsys, untouched):
 
 
 # -- 11. option values ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (("tune", "--timeout", "nan"), "--timeout"),
-    (("tune", "--timeout", "inf"), "--timeout"),
-    (("tune", "--timeout", "-inf"), "--timeout"),
-    (("tune", "--trial-timeout", "nan"), "--trial-timeout"),
-    (("tune", "--trial-timeout", "inf"), "--trial-timeout"),
-    (("worker", "--study", "x", "--timeout", "nan"), "--timeout"),
-    (("tune", "--seed", "-1"), "--seed"),
-    (("tune", "--seed", str(2**40)), "--seed"),
-    (("check", "--seed", "-1"), "--seed"),
-    (("check", "--jobs", "0"), "--jobs"),
-    (("check", "--jobs", "-3"), "--jobs"),
-    (("check", "--jobs", "1000000"), "--jobs"),
-    (("tune", "--compile-workers", "100000000"), "--compile-workers"),
-    (("tune", "--rounds", str(10**23)), "--rounds"),
-    (("check", "--samples", "-2"), "--samples"),
-    (("check", "--samples", "some"), "--samples"),
-    (("tune", "--study", ""), "--study"),
-    (("tune", "--study", "   "), "--study"),
-    (("best", "--study", ""), "--study"),
-    (("report", "--study", "x" * 100_000), "--study"),
-    (("export", "--study", "x" * 513), "--study"),
-    (("tune", "--storage", ""), "--storage"),
-    (("tune", "--seqlen", "1e20"), "--seqlen"),
-    (("tune", "--seqlen", str(10**20)), "seqlen_q"),
-    (("tune", "--batch", str(2**31)), "batch"),
-    (("tune", "--head-dim", "nan"), "--head-dim"),
-    (("tune", "--gpus", "0,0"), "--gpus"),
-    (("tune", "--gpus", "-1"), "--gpus"),
-    (("tune", "--gpus", "x"), "--gpus"),
-    (("bench", "--gpu", "-1"), "--gpu"),
-    (("tune", "--sampler", "nope"), "--sampler"),
-    (("tune", "--trials", "0"), "--trials"),
-    (("bench", "--config", "block_m=1e3"), "--config"),
-    (("bench", "--config", "block_m"), "--config"),
-    (("bench", "--config", "no_such_knob=1"), "unknown knob"),
-])
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (("tune", "--timeout", "nan"), "--timeout"),
+        (("tune", "--timeout", "inf"), "--timeout"),
+        (("tune", "--timeout", "-inf"), "--timeout"),
+        (("tune", "--trial-timeout", "nan"), "--trial-timeout"),
+        (("tune", "--trial-timeout", "inf"), "--trial-timeout"),
+        (("worker", "--study", "x", "--timeout", "nan"), "--timeout"),
+        (("tune", "--seed", "-1"), "--seed"),
+        (("tune", "--seed", str(2**40)), "--seed"),
+        (("check", "--seed", "-1"), "--seed"),
+        (("check", "--jobs", "0"), "--jobs"),
+        (("check", "--jobs", "-3"), "--jobs"),
+        (("check", "--jobs", "1000000"), "--jobs"),
+        (("tune", "--compile-workers", "100000000"), "--compile-workers"),
+        (("tune", "--rounds", str(10**23)), "--rounds"),
+        (("check", "--samples", "-2"), "--samples"),
+        (("check", "--samples", "some"), "--samples"),
+        (("tune", "--study", ""), "--study"),
+        (("tune", "--study", "   "), "--study"),
+        (("best", "--study", ""), "--study"),
+        (("report", "--study", "x" * 100_000), "--study"),
+        (("export", "--study", "x" * 513), "--study"),
+        (("tune", "--storage", ""), "--storage"),
+        (("tune", "--seqlen", "1e20"), "--seqlen"),
+        (("tune", "--seqlen", str(10**20)), "seqlen_q"),
+        (("tune", "--batch", str(2**31)), "batch"),
+        (("tune", "--head-dim", "nan"), "--head-dim"),
+        (("tune", "--gpus", "0,0"), "--gpus"),
+        (("tune", "--gpus", "-1"), "--gpus"),
+        (("tune", "--gpus", "x"), "--gpus"),
+        (("bench", "--gpu", "-1"), "--gpu"),
+        (("tune", "--sampler", "nope"), "--sampler"),
+        (("tune", "--trials", "0"), "--trials"),
+        (("bench", "--config", "block_m=1e3"), "--config"),
+        (("bench", "--config", "block_m"), "--config"),
+        (("bench", "--config", "no_such_knob=1"), "unknown knob"),
+    ],
+)
 def test_option_values_are_checked(capsys, tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
     refused(capsys, *argv, fragments=(fragment,))
@@ -492,8 +587,13 @@ def test_a_problem_beyond_cuda_grid_limits_is_statically_infeasible():
 def test_best_json_into_a_closed_pipe_is_quiet(tmp_path, db):
     url, _ = db
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "best", "--study", "good", "--storage", url, "--json"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "best", "--study", "good", "--storage", url, "--json"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # `| head -0`: the reader is gone before the first byte
     err = proc.stderr.read().decode()
     proc.wait(timeout=120)
@@ -504,8 +604,15 @@ def test_best_json_into_a_closed_pipe_is_quiet(tmp_path, db):
 def test_studies_piped_into_head_is_quiet(tmp_path, db):
     url, _ = db
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(f"{sys.executable} -m tuner studies --storage '{url}' | head -1", shell=True, cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        f"{sys.executable} -m tuner studies --storage '{url}' | head -1",
+        shell=True,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.stdout.startswith("study") and "Traceback" not in proc.stderr and "Exception" not in proc.stderr
 
 
@@ -518,17 +625,20 @@ def test_storage_failures_name_the_database_error_not_optuna_s_guess():
         try:
             raise OperationalError("SELECT 1", {}, Exception("connection to server at 127.0.0.1 refused"))
         except OperationalError as cause:
-            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit. This typically "
-                                                         "happens due to invalid data in the commit, e.g. exceeding "
-                                                         "max length.") from cause
+            raise optuna.exceptions.StorageInternalError(
+                "An exception is raised during the commit. This typically "
+                "happens due to invalid data in the commit, e.g. exceeding "
+                "max length."
+            ) from cause
     except optuna.exceptions.StorageInternalError as e:
         internal = e
     assert "connection to server" in error_reason(internal) and "max length" not in error_reason(internal)
 
     def down():
         raise internal
-    with pytest.raises(StorageError, match="connection to server") as info:
-        retrying(down, what="testing", attempts=2, first_delay_s=0.01, log=open(os.devnull, "w"))
+
+    with open(os.devnull, "w") as log, pytest.raises(StorageError, match="connection to server") as info:
+        retrying(down, what="testing", attempts=2, first_delay_s=0.01, log=log)
     assert "max length" not in str(info.value)
 
 
@@ -568,7 +678,7 @@ def test_a_postgres_outage_is_named_as_one(capsys, postgres, tmp_path):
             assert "max length" not in line and ("connect" in line or "refused" in line), line
     finally:
         postgres.start()
-    rc, out, err = run(capsys, "best", "--study", "kept", "--storage", postgres.url)
+    rc, _out, err = run(capsys, "best", "--study", "kept", "--storage", postgres.url)
     assert rc == 0, err  # nothing was lost
 
 
@@ -589,6 +699,6 @@ def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(tuner.run, "open_gpus", open_gpus)
     monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos, **kw: None)
     monkeypatch.setattr(tuner.cli._commands, "_retime_and_print", lambda spec, worker, top_k, rounds: 0)
-    rc, out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
+    rc, _out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
     assert rc == 0, err
     assert "\x1b" not in err and "\x07" not in err and "NVIDIA\\x1b[2J H200\\x07" in err

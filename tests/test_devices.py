@@ -35,8 +35,13 @@ def test_macros_are_the_limits_the_constraints_read(arch):
 
 def test_macros_follow_a_device_with_other_limits():
     d = DeviceLimits.from_info({**H200, "smem_per_block_optin": 200000, "smem_per_sm": 201024, "regs_per_sm": 32768})
-    assert d.macros() == {"FT_SMEM_PER_BLOCK_OPTIN": 200000, "FT_SMEM_PER_SM": 201024, "FT_SMEM_RESERVED_PER_BLOCK": 1024,
-                          "FT_REGS_PER_SM": 32768, "FT_MAX_REGS_PER_THREAD": 255}
+    assert d.macros() == {
+        "FT_SMEM_PER_BLOCK_OPTIN": 200000,
+        "FT_SMEM_PER_SM": 201024,
+        "FT_SMEM_RESERVED_PER_BLOCK": 1024,
+        "FT_REGS_PER_SM": 32768,
+        "FT_MAX_REGS_PER_THREAD": 255,
+    }
 
 
 def test_limits_from_a_device_report():
@@ -63,7 +68,9 @@ def test_two_ctas_per_sm_must_fit_the_sm_exactly():
     env = space.environment(too_big, problem, device)
     assert 2 * (env["smem_bytes"] + 1024) == device.smem_per_sm + 512
     assert "smem_per_sm_fits" in space.check(too_big, problem, device)
-    assert space.check({**too_big, "ctas_per_sm": 1, "producer_regs": 56, "consumer_regs": 256}, problem, device) is None
+    assert (
+        space.check({**too_big, "ctas_per_sm": 1, "producer_regs": 56, "consumer_regs": 256}, problem, device) is None
+    )
     # and the registers: two CTAs of 256 threads start at 128 each, so producer + consumer <= 256
     assert env["entry_regs"] == 128
     assert "setmaxnreg_budget" in space.check({**fits, "producer_regs": 32}, problem, device)

@@ -72,7 +72,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -100,7 +100,8 @@ def test_packages_import_each_other_in_one_direction():
         if module == "tuner":  # the root only re-exports the public API
             continue
         packages.setdefault(_package(module), set()).update(
-            _package(d) for d in deps if d != "tuner" and _package(d) != _package(module))
+            _package(d) for d in deps if d != "tuner" and _package(d) != _package(module)
+        )
     assert _cycle(packages) is None, " -> ".join(_cycle(packages) or [])
 
 
@@ -117,7 +118,9 @@ def test_each_package_has_one_entrance():
         assert ast.get_docstring(tree), f"{init.relative_to(TUNER.parent)} says nothing of its package"
         for module in init.parent.glob("*.py"):
             if module.name != "__init__.py":
-                assert module.name.startswith("_"), f"{module.relative_to(TUNER.parent)}: a package's modules are private"
+                assert module.name.startswith("_"), (
+                    f"{module.relative_to(TUNER.parent)}: a package's modules are private"
+                )
 
 
 def test_other_packages_use_an_entrance():

@@ -96,12 +96,18 @@ def test_flops_ignore_kv_heads():
     ("kwargs", "slug"),
     [
         ({"batch": 8, "seqlen_q": 2048, "heads_q": 16, "head_dim": 128}, "fp16-d128-full-b8-h16-n2048"),
-        ({"batch": 8, "seqlen_q": 2048, "heads_q": 16, "head_dim": 128, "causal": True, "dtype": "bf16"},
-         "bf16-d128-causal-b8-h16-n2048"),
-        ({"batch": 1, "seqlen_q": 128, "seqlen_k": 4096, "heads_q": 32, "heads_kv": 8, "head_dim": 64},
-         "fp16-d64-full-b1-h32-kv8-n128x4096"),
-        ({"batch": 1, "seqlen_q": 128, "seqlen_k": 128, "heads_q": 32, "heads_kv": 32, "head_dim": 64},
-         "fp16-d64-full-b1-h32-n128"),
+        (
+            {"batch": 8, "seqlen_q": 2048, "heads_q": 16, "head_dim": 128, "causal": True, "dtype": "bf16"},
+            "bf16-d128-causal-b8-h16-n2048",
+        ),
+        (
+            {"batch": 1, "seqlen_q": 128, "seqlen_k": 4096, "heads_q": 32, "heads_kv": 8, "head_dim": 64},
+            "fp16-d64-full-b1-h32-kv8-n128x4096",
+        ),
+        (
+            {"batch": 1, "seqlen_q": 128, "seqlen_k": 128, "heads_q": 32, "heads_kv": 32, "head_dim": 64},
+            "fp16-d64-full-b1-h32-n128",
+        ),
     ],
 )
 def test_slug(kwargs, slug):
@@ -110,23 +116,43 @@ def test_slug(kwargs, slug):
 
 def test_slug_distinguishes_problems():
     base = {"batch": 2, "seqlen_q": 256, "heads_q": 8, "head_dim": 64}
-    variants = [{}, {"causal": True}, {"dtype": "bf16"}, {"batch": 3}, {"seqlen_q": 512}, {"seqlen_k": 512},
-                {"heads_q": 16}, {"heads_kv": 4}, {"head_dim": 128}]
+    variants = [
+        {},
+        {"causal": True},
+        {"dtype": "bf16"},
+        {"batch": 3},
+        {"seqlen_q": 512},
+        {"seqlen_k": 512},
+        {"heads_q": 16},
+        {"heads_kv": 4},
+        {"head_dim": 128},
+    ]
     slugs = {Problem(**{**base, **v}).slug() for v in variants}
     assert len(slugs) == len(variants)
 
 
 def test_env():
     p = Problem(batch=2, seqlen_q=100, seqlen_k=300, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16", causal=True)
-    assert p.env() == {"batch": 2, "seqlen_q": 100, "seqlen_k": 300, "heads_q": 8, "heads_kv": 2, "head_dim": 128,
-                       "dtype_bytes": 2, "is_bf16": 1, "causal": 1}
+    assert p.env() == {
+        "batch": 2,
+        "seqlen_q": 100,
+        "seqlen_k": 300,
+        "heads_q": 8,
+        "heads_kv": 2,
+        "head_dim": 128,
+        "dtype_bytes": 2,
+        "is_bf16": 1,
+        "causal": 1,
+    }
     q = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64)
     assert q.env()["is_bf16"] == 0 and q.env()["causal"] == 0
     assert all(type(v) is int for v in p.env().values())
 
 
-@pytest.mark.parametrize(("dtype", "causal", "bf16", "is_causal"),
-                         [("fp16", False, 0, 0), ("bf16", False, 1, 0), ("fp16", True, 0, 1), ("bf16", True, 1, 1)])
+@pytest.mark.parametrize(
+    ("dtype", "causal", "bf16", "is_causal"),
+    [("fp16", False, 0, 0), ("bf16", False, 1, 0), ("fp16", True, 0, 1), ("bf16", True, 1, 1)],
+)
 def test_macros(dtype, causal, bf16, is_causal):
     p = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=64, dtype=dtype, causal=causal)
     assert p.macros() == {"FT_HEAD_DIM": 64, "FT_IS_BF16": bf16, "FT_IS_CAUSAL": is_causal}
@@ -136,8 +162,16 @@ def test_macros(dtype, causal, bf16, is_causal):
     "kwargs",
     [
         {"batch": 8, "seqlen_q": 2048, "heads_q": 16, "head_dim": 128},
-        {"batch": 1, "seqlen_q": 5, "seqlen_k": 9, "heads_q": 4, "heads_kv": 2, "head_dim": 64, "dtype": "bf16",
-         "causal": True},
+        {
+            "batch": 1,
+            "seqlen_q": 5,
+            "seqlen_k": 9,
+            "heads_q": 4,
+            "heads_kv": 2,
+            "head_dim": 64,
+            "dtype": "bf16",
+            "causal": True,
+        },
     ],
 )
 def test_dict_round_trip(kwargs):

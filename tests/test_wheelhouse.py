@@ -17,14 +17,19 @@ def test_builds_the_wheel_downloads_for_the_node_and_drops_skipped_packages(tmp_
         if cmd[3] == "wheel":
             (dest / "flashtune-0.1.0-py3-none-any.whl").write_bytes(b"")
         else:
-            for name in ("optuna-5.0.0-py3-none-any.whl", "cupy_cuda13x-14.2.0-cp312-cp312-manylinux2014_x86_64.whl",
-                         "NumPy-2.3.0-cp312-cp312-manylinux_2_28_x86_64.whl"):
+            for name in (
+                "optuna-5.0.0-py3-none-any.whl",
+                "cupy_cuda13x-14.2.0-cp312-cp312-manylinux2014_x86_64.whl",
+                "NumPy-2.3.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+            ):
                 (dest / name).write_bytes(b"")
         return subprocess.CompletedProcess(cmd, 0)
+
     monkeypatch.setattr(wheelhouse.subprocess, "run", fake_run)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    kept = wheelhouse.build_wheelhouse(tmp_path / "house", python_version=here, skip=("cupy-cuda13x", "numpy"),
-                                       extras="postgres")
+    kept = wheelhouse.build_wheelhouse(
+        tmp_path / "house", python_version=here, skip=("cupy-cuda13x", "numpy"), extras="postgres"
+    )
     assert [p.name for p in kept] == ["flashtune-0.1.0-py3-none-any.whl", "optuna-5.0.0-py3-none-any.whl"]
     wheel_cmd, download_cmd = calls
     assert wheel_cmd[3:5] == ["wheel", "--no-deps"]

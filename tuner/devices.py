@@ -80,10 +80,15 @@ class DeviceLimits:
     def from_info(cls, info: dict[str, object]) -> DeviceLimits:
         """Limits from what the GPU worker reports (``tuner.gpu.info.gpu_info``); info stored before
         ``smem_per_sm`` was reported gets the table's value for its arch."""
-        return cls(arch=int(info["arch"]), smem_per_block_optin=int(info["smem_per_block_optin"]),
-                   smem_per_sm=int(info.get("smem_per_sm", 0) or 0),
-                   smem_reserved_per_block=int(info.get("smem_reserved_per_block", SMEM_RESERVED_PER_BLOCK)),
-                   regs_per_sm=int(info["regs_per_sm"]), num_sms=int(info["num_sms"]), name=str(info["name"]))
+        return cls(
+            arch=int(info["arch"]),
+            smem_per_block_optin=int(info["smem_per_block_optin"]),
+            smem_per_sm=int(info.get("smem_per_sm", 0) or 0),
+            smem_reserved_per_block=int(info.get("smem_reserved_per_block", SMEM_RESERVED_PER_BLOCK)),
+            regs_per_sm=int(info["regs_per_sm"]),
+            num_sms=int(info["num_sms"]),
+            name=str(info["name"]),
+        )
 
 
 # arch -> (opt-in shared memory per block, shared memory per SM, both in bytes; SM count of the flagship part)
@@ -105,8 +110,9 @@ def limits_for_arch(arch: int) -> DeviceLimits:
     if arch not in _TABLE:
         raise ValueError(f"unknown arch {arch}; known: {', '.join(map(str, KNOWN_ARCHS))}")
     smem, per_sm, sms, name = _TABLE[arch]
-    return DeviceLimits(arch=arch, smem_per_block_optin=smem, smem_per_sm=per_sm, num_sms=sms,
-                        name=f"sm_{arch} ({name}, nominal)")
+    return DeviceLimits(
+        arch=arch, smem_per_block_optin=smem, smem_per_sm=per_sm, num_sms=sms, name=f"sm_{arch} ({name}, nominal)"
+    )
 
 
 _DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
@@ -132,5 +138,7 @@ def gpu_unavailable(index: int | None, detail: str) -> UsageError:
     lines = [line.strip() for line in str(detail).splitlines() if line.strip()]
     reason = missing_driver() or (lines[-1] if lines else "the GPU worker did not start")
     which = "" if index is None else f" {index}"
-    return UsageError(f"no usable GPU{which}: {reason}; tuning and benchmarking need an NVIDIA GPU with its driver "
-                      "(`flashtune check` compiles and checks a space without one)")
+    return UsageError(
+        f"no usable GPU{which}: {reason}; tuning and benchmarking need an NVIDIA GPU with its driver "
+        "(`flashtune check` compiles and checks a space without one)"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["KERNEL_SRC", "SEARCH_SPACES", "REPO_ROOT"]
+__all__ = ["KERNEL_SRC", "REPO_ROOT", "SEARCH_SPACES"]
 
 _PACKAGE = Path(__file__).resolve().parent
 _BUNDLED = _PACKAGE / "_data"

@@ -27,10 +27,13 @@ class Dtype:
 
 
 #: name -> dtype, in the order of the exported ``enum class DType``
-DTYPES = {d.name: d for d in (
-    Dtype(name="fp16", bytes=2, torch_name="float16", storage="float16", nan_bits=0x7E00, tma_data_type=6),
-    Dtype(name="bf16", bytes=2, torch_name="bfloat16", storage="uint16", nan_bits=0x7FC0, tma_data_type=9),
-)}
+DTYPES = {
+    d.name: d
+    for d in (
+        Dtype(name="fp16", bytes=2, torch_name="float16", storage="float16", nan_bits=0x7E00, tma_data_type=6),
+        Dtype(name="bf16", bytes=2, torch_name="bfloat16", storage="uint16", nan_bits=0x7FC0, tma_data_type=9),
+    )
+}
 
 
 class ProblemError(FlashtuneError, ValueError):
@@ -60,8 +63,9 @@ class Problem:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ProblemError(f"{name} must be a positive integer, got {value!r:.40}")
             if value > MAX_DIM:
-                raise ProblemError(f"{name} must be at most {MAX_DIM} (the kernels index with 32-bit integers), "
-                                   f"got {value}")
+                raise ProblemError(
+                    f"{name} must be at most {MAX_DIM} (the kernels index with 32-bit integers), got {value}"
+                )
         if not isinstance(self.causal, bool):
             raise ProblemError(f"causal must be true or false, got {self.causal!r:.40}")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
@@ -108,7 +112,13 @@ class Problem:
 
     def slug(self) -> str:
         """A short, stable, human-readable name fragment: ``fp16-d128-causal-b8-h16-n2048``."""
-        parts = [self.dtype, f"d{self.head_dim}", "causal" if self.causal else "full", f"b{self.batch}", f"h{self.heads_q}"]
+        parts = [
+            self.dtype,
+            f"d{self.head_dim}",
+            "causal" if self.causal else "full",
+            f"b{self.batch}",
+            f"h{self.heads_q}",
+        ]
         if self.heads_kv != self.heads_q:
             parts.append(f"kv{self.heads_kv}")
         parts.append(f"n{self.seqlen_q}" if self.seqlen_k == self.seqlen_q else f"n{self.seqlen_q}x{self.seqlen_k}")

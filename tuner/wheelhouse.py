@@ -23,8 +23,13 @@ from .paths import REPO_ROOT
 
 __all__ = ["build_wheelhouse", "main"]
 
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 def _normalize(name: str) -> str:
@@ -47,20 +52,33 @@ def marker_mismatches(python_version: str, platforms: tuple[str, ...]) -> list[s
     return out
 
 
-def build_wheelhouse(dest: Path, *, python_version: str = "3.12", platforms: tuple[str, ...] = PLATFORMS,
-                     skip: tuple[str, ...] = (), extras: str = "") -> list[Path]:
+def build_wheelhouse(
+    dest: Path,
+    *,
+    python_version: str = "3.12",
+    platforms: tuple[str, ...] = PLATFORMS,
+    skip: tuple[str, ...] = (),
+    extras: str = "",
+) -> list[Path]:
     for mismatch in marker_mismatches(python_version, platforms):
-        print(f"warning: {mismatch}: pip evaluates dependency markers for this machine, so a dependency that is "
-              "conditional on the Python version or platform may be missed; build with the node's Python on "
-              "Linux x86_64 to be sure", file=sys.stderr)
+        print(
+            f"warning: {mismatch}: pip evaluates dependency markers for this machine, so a dependency that is "
+            "conditional on the Python version or platform may be missed; build with the node's Python on "
+            "Linux x86_64 to be sure",
+            file=sys.stderr,
+        )
     if REPO_ROOT is None:
         raise SystemExit("run this from a flashtune checkout (it builds the wheel from the source tree)")
     dest.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(REPO_ROOT)], check=True)
     wheel = max(dest.glob("flashtune-*.whl"), key=lambda p: p.stat().st_mtime)
-    target = [f"--python-version={python_version}", "--implementation=cp", "--only-binary=:all:",
-              *(f"--platform={p}" for p in platforms)]
+    target = [
+        f"--python-version={python_version}",
+        "--implementation=cp",
+        "--only-binary=:all:",
+        *(f"--platform={p}" for p in platforms),
+    ]
     requirement = f"{wheel}[{extras}]" if extras else str(wheel)
     subprocess.run([*pip, "download", "--dest", str(dest), *target, requirement], check=True)
     skipped = {_normalize(s) for s in skip}
@@ -81,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", action="append", default=[], help="a package the node already has (repeatable)")
     parser.add_argument("--extras", default="", help="flashtune extras to include, e.g. postgres")
     args = parser.parse_args(argv)
-    kept = build_wheelhouse(args.dest, python_version=args.python_version,
-                            platforms=tuple(args.platform) if args.platform else PLATFORMS, skip=tuple(args.skip),
-                            extras=args.extras)
+    kept = build_wheelhouse(
+        args.dest,
+        python_version=args.python_version,
+        platforms=tuple(args.platform) if args.platform else PLATFORMS,
+        skip=tuple(args.skip),
+        extras=args.extras,
+    )
     size = sum(p.stat().st_size for p in kept) / 2**20
     print(f"{len(kept)} wheels, {size:.1f} MiB in {args.dest}")
     return 0

@@ -7,20 +7,18 @@ import io
 
 import pytest
 
-from tests.fake_studies import make_study
 import tuner.bench
+from tests.fake_studies import make_study
+from tests.fakes.fake_gpu import FakeGpu
+from tests.fakes.standin_tuner import standin_compile, standin_tflops
 from tuner.bench import _bench as bench
 from tuner.bench import run_bench, study_for_bench
 from tuner.cli import main
-from tuner.study import StudyError
 from tuner.gpu import MeasureSettings
 from tuner.problem import Problem
-from tuner.space import load_space
-from tuner.study import winner
 from tuner.run import Worker
-
-from tests.fakes.fake_gpu import FakeGpu
-from tests.fakes.standin_tuner import standin_compile, standin_tflops
+from tuner.space import load_space
+from tuner.study import StudyError, winner
 
 HANDLER = FakeGpu
 STUDY_PROBLEM = Problem(batch=2, seqlen_q=4096, heads_q=32, head_dim=64, dtype="bf16", causal=True)
@@ -42,7 +40,7 @@ def test_a_study_is_benched_on_its_own_family_problem_and_winner(storage_url):
 
 
 def test_an_unknown_study_is_a_usage_error_that_says_where_to_look(storage_url):
-    with pytest.raises(StudyError, match="no study named .nope..*flashtune studies"):
+    with pytest.raises(StudyError, match=r"no study named .nope..*flashtune studies"):
         study_for_bench("nope", storage_url)
 
 
@@ -67,16 +65,26 @@ def test_bench_checks_the_config_on_inputs_of_its_own(storage_url, monkeypatch):
     with Worker(handler=HANDLER) as worker:
         measure = worker.measure
         monkeypatch.setattr(worker, "measure", lambda job, **kw: jobs.append(job) or measure(job, **kw))
-        run_bench(worker, worker.device_info(), family, problem, config=config, out=io.StringIO(),
-                  settings=MeasureSettings(check=False, seed=5))
+        run_bench(
+            worker,
+            worker.device_info(),
+            family,
+            problem,
+            config=config,
+            out=io.StringIO(),
+            settings=MeasureSettings(check=False, seed=5),
+        )
     assert [(j.settings.check, j.settings.fresh_inputs, j.settings.seed) for j in jobs] == [(True, True, 5)]
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    (["--config", "block_m=64"], "drop --config"),
-    (["--seqlen", "1024"], "own problem and family; drop --seqlen"),
-    (["--family", "sm90", "--causal"], "drop --family --causal"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--config", "block_m=64"], "drop --config"),
+        (["--seqlen", "1024"], "own problem and family; drop --seqlen"),
+        (["--family", "sm90", "--causal"], "drop --family --causal"),
+    ],
+)
 def test_study_with_a_config_or_problem_flags_is_refused(storage_url, capsys, extra, message):
     assert main(["bench", "--study", "d64", "--storage", storage_url, *extra]) == 2
     assert message in capsys.readouterr().err
@@ -89,6 +97,7 @@ def test_an_explicit_config_takes_the_head_dim_s_defaults_for_missing_knobs(monk
     def fake_run_bench(worker, info, family, problem, *, config, out):
         seen.update(family=family, problem=problem, config=config)
         return []
+
     monkeypatch.setattr(tuner.bench, "run_bench", fake_run_bench)  # the entrance the CLI calls
     assert main(["bench", "--family", "sm80", "--head-dim", "64", "--config", "block_n=32"]) == 0
     assert seen["problem"].head_dim == 64 and seen["family"] == "sm80"

@@ -13,9 +13,12 @@ N512 = Problem(batch=32, seqlen_q=512, heads_q=16, head_dim=128, causal=True)
 
 
 def row(problem, host_us, eager, kernel) -> ApiRow:
-    return ApiRow(problem, host_us={"tuner": host_us, "op": 30.0, "sdpa": 50.0},
-                  eager_tflops={"tuner": eager, "op": eager * 0.9, "sdpa": 600.0},
-                  kernel_tflops={"tuner": kernel, "sdpa": 630.0})
+    return ApiRow(
+        problem,
+        host_us={"tuner": host_us, "op": 30.0, "sdpa": 50.0},
+        eager_tflops={"tuner": eager, "op": eager * 0.9, "sdpa": 600.0},
+        kernel_tflops={"tuner": kernel, "sdpa": 630.0},
+    )
 
 
 def test_table_shows_every_caller_and_whether_the_targets_are_met():
@@ -31,12 +34,15 @@ def test_table_shows_every_caller_and_whether_the_targets_are_met():
     assert "host time <= 20 us: NOT met (worst 25.0 us)" in slow and "NOT met (worst 0.806)" in slow
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--suite", "s.toml"], "drop --suite"),
-    (["--config", "auto"], "--config auto and --tuned"),
-    (["--tuned", "d.json"], "--config auto and --tuned"),
-    (["--config", "block_m"], "name=value pairs"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--suite", "s.toml"], "drop --suite"),
+        (["--config", "auto"], "--config auto and --tuned"),
+        (["--tuned", "d.json"], "--config auto and --tuned"),
+        (["--config", "block_m"], "name=value pairs"),
+    ],
+)
 def test_cli_refuses_options_that_do_not_go_with_api(argv, message, capsys):
     assert main(["bench", "--api", *argv]) == 2
     assert message in capsys.readouterr().err

@@ -8,15 +8,12 @@ import os
 
 import pytest
 
-from tuner.bench import bench_suite, markdown_table
-from tuner.run import RunSpec, gpu_infos, prepare_study, run_on_gpus
-from tuner.space import load_space
-from tuner.study import load_suite
-from tuner.run import TuneSettings
-from tuner.run import Worker
-
 from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import PROBLEM, standin_compile, standin_tflops
+from tuner.bench import bench_suite, markdown_table
+from tuner.run import RunSpec, TuneSettings, Worker, gpu_infos, prepare_study, run_on_gpus
+from tuner.space import load_space
+from tuner.study import load_suite
 
 HANDLER = FakeGpu
 
@@ -26,9 +23,16 @@ def tuned(tmp_path_factory):
     """A storage holding one finished stand-in study of PROBLEM, and a suite naming it and one more problem."""
     tmp = tmp_path_factory.mktemp("bench")
     url = f"sqlite:///{tmp}/s.db"
-    spec = RunSpec(family="sm80", problem=PROBLEM, storage_url=url, sampler="random", seed=1,
-                   settings=TuneSettings(n_trials=8, compile_workers=1, compile_ahead=1), handler=HANDLER,
-                   compiler="tests.fakes.standin_tuner:standin_compile")
+    spec = RunSpec(
+        family="sm80",
+        problem=PROBLEM,
+        storage_url=url,
+        sampler="random",
+        seed=1,
+        settings=TuneSettings(n_trials=8, compile_workers=1, compile_ahead=1),
+        handler=HANDLER,
+        compiler="tests.fakes.standin_tuner:standin_compile",
+    )
     info = gpu_infos([0], handler=HANDLER)[0]
     run_on_gpus(prepare_study(spec, info), [0], [info])
     suite_path = tmp / "two.toml"

@@ -15,13 +15,13 @@ from tests.conftest import REPO_ROOT, fast_dir, require_family, toy_space_text
 from tests.fakes.fake_compile import fake_compiler
 from tests.fakes.fake_measure import FakeMeasure
 from tuner._version import __version__
-from tuner.study import _meta as st
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
+from tuner.run import TuneSettings, tune
 from tuner.search import make_sampler, make_search
 from tuner.space import available_families, load_space
+from tuner.study import _meta as st
 from tuner.study import open_storage
-from tuner.run import TuneSettings, tune
 
 HAS_GPU = Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
 HAS_GP_DEPS = all(__import__("importlib").util.find_spec(m) for m in ("torch", "scipy"))
@@ -29,8 +29,15 @@ HAS_GP_DEPS = all(__import__("importlib").util.find_spec(m) for m in ("torch", "
 
 def flashtune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, command: str, *fragments: str) -> str:
@@ -61,10 +68,24 @@ def fake_db():
         space = load_space(directory / "toy.toml")
         problem = Problem(batch=8, seqlen_q=2048, heads_q=16, head_dim=128)
         url = f"sqlite:///{directory}/studies.db"
-        study = st.open_study(storage=open_storage(url), name="kept", space=space, problem=problem,
-                              gpu={"name": "Fake GPU", "arch": 80}, sampler=make_sampler("random", space, 0))
-        tune(study, space, problem, limits_for_arch(80), FakeMeasure(), TuneSettings(n_trials=4, compile_workers=1),
-             compiler=fake_compiler, search=make_search("random", space, problem, limits_for_arch(80), 0))
+        study = st.open_study(
+            storage=open_storage(url),
+            name="kept",
+            space=space,
+            problem=problem,
+            gpu={"name": "Fake GPU", "arch": 80},
+            sampler=make_sampler("random", space, 0),
+        )
+        tune(
+            study,
+            space,
+            problem,
+            limits_for_arch(80),
+            FakeMeasure(),
+            TuneSettings(n_trials=4, compile_workers=1),
+            compiler=fake_compiler,
+            search=make_search("random", space, problem, limits_for_arch(80), 0),
+        )
         yield url
 
 
@@ -73,12 +94,15 @@ def _state(url: str):
     out = {}
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        out[summary.study_name] = (study.user_attrs, [(t.number, t.state, t.params, t.values, t.user_attrs,
-                                                       t.datetime_complete) for t in study.get_trials()])
+        out[summary.study_name] = (
+            study.user_attrs,
+            [(t.number, t.state, t.params, t.values, t.user_attrs, t.datetime_complete) for t in study.get_trials()],
+        )
     return out
 
 
 # ---- failures: one line on stderr, non-zero, nothing changed ------------------------------------------------
+
 
 def test_unknown_family(tmp_path):
     assert_one_error_line(flashtune("tune", "--family", "nope", cwd=tmp_path), "tune", "unknown kernel family 'nope'")
@@ -106,13 +130,16 @@ def test_non_positive_trials(tmp_path, family):
     assert_one_error_line(flashtune("tune", "--family", family, "--trials", "0", cwd=tmp_path), "tune", "--trials")
 
 
-@pytest.mark.parametrize(("option", "value", "fragment"), [
-    ("--compile-workers", "0", "--compile-workers must be at least 1, not 0"),
-    ("--rounds", "0", "--rounds must be at least 1, not 0"),
-    ("--top-k", "-1", "--top-k must be at least 0, not -1"),
-    ("--timeout", "0", "--timeout must be a positive number of seconds, not 0"),
-    ("--trial-timeout", "-5", "--trial-timeout must be a positive number of seconds, not -5"),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--compile-workers", "0", "--compile-workers must be at least 1, not 0"),
+        ("--rounds", "0", "--rounds must be at least 1, not 0"),
+        ("--top-k", "-1", "--top-k must be at least 0, not -1"),
+        ("--timeout", "0", "--timeout must be a positive number of seconds, not 0"),
+        ("--trial-timeout", "-5", "--trial-timeout must be a positive number of seconds, not -5"),
+    ],
+)
 def test_run_options_out_of_range_are_refused_before_any_gpu_work(tmp_path, family, option, value, fragment):
     proc = flashtune("tune", "--family", family, option, value, cwd=tmp_path)
     assert_one_error_line(proc, "tune", fragment)
@@ -127,8 +154,9 @@ def test_bad_storage_url(tmp_path, family):
 
 def test_storage_password_is_masked(tmp_path, family):
     pytest.importorskip("psycopg")
-    proc = flashtune("tune", "--family", family, "--storage", "postgresql+psycopg://me:pa55word@127.0.0.1:1/db",
-                     cwd=tmp_path)
+    proc = flashtune(
+        "tune", "--family", family, "--storage", "postgresql+psycopg://me:pa55word@127.0.0.1:1/db", cwd=tmp_path
+    )
     line = assert_one_error_line(proc, "tune", "cannot open storage")
     assert "pa55word" not in proc.stderr + proc.stdout and "***" in line
 
@@ -172,8 +200,9 @@ def test_studies_where_no_database_exists_creates_none(tmp_path):
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 def test_tune_without_a_gpu(tmp_path, family):
-    proc = flashtune("tune", "--family", family, "--trials", "2", "--storage", f"sqlite:///{tmp_path}/s.db",
-                     cwd=tmp_path)
+    proc = flashtune(
+        "tune", "--family", family, "--trials", "2", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=tmp_path
+    )
     assert_one_error_line(proc, "tune", "no usable GPU 0", "flashtune check")
     if (tmp_path / "s.db").exists():  # nothing was created in it
         assert not optuna.get_all_study_summaries(open_storage(f"sqlite:///{tmp_path}/s.db"))
@@ -198,6 +227,7 @@ def test_failed_commands_change_no_stored_study(tmp_path, family, fake_db):
 
 
 # ---- successes ----------------------------------------------------------------------------------------------
+
 
 def test_version(tmp_path):
     proc = flashtune("--version", cwd=tmp_path)
@@ -278,6 +308,7 @@ def test_best_of_an_unknown_study_does_not_print_the_storage_password(monkeypatc
 
     def no_such_study(study_name, storage):
         raise KeyError("Record does not exist.")
+
     monkeypatch.setattr(optuna, "load_study", no_such_study)
     assert main(["best", "--study", "typo", "--storage", "postgresql+psycopg://ft:secret-pw@db.example/ft"]) == 2
     err = capsys.readouterr().err

@@ -9,12 +9,11 @@ import shutil
 import pytest
 
 from tests.conftest import require_family
+from tuner.compile import CheckReport, CheckRow, Resources, all_configs, check_space
 from tuner.compile import _check as check
-from tuner.compile import CheckReport, CheckRow, all_configs, check_space
-from tuner.errors import UsageError
 from tuner.devices import limits_for_arch
+from tuner.errors import UsageError
 from tuner.problem import Problem, ProblemError
-from tuner.compile import Resources
 from tuner.space import load_space
 
 nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -66,9 +65,9 @@ def test_check_of_a_space_too_large_to_enumerate_draws_random_points():
 
 def test_every_feasible_config_of_a_huge_space_is_refused_with_what_to_do():
     require_family("sm90")
-    with pytest.raises(UsageError, match="too many.*--samples N"):
+    with pytest.raises(UsageError, match=r"too many.*--samples N"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=0)
-    with pytest.raises(UsageError, match="sm90 is built for sm_90a only .*the device is sm_80: pass --arch 90"):
+    with pytest.raises(UsageError, match=r"sm90 is built for sm_90a only .*the device is sm_80: pass --arch 90"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(80), samples=2)
     with pytest.raises(UsageError, match="--samples must be"):
         check_space("sm90", Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128), limits_for_arch(90), samples=-1)
@@ -104,8 +103,9 @@ def test_all_configs_is_the_full_grid(toy_space):
 def _row(status="ok", *, default=False, spills=False):
     resources = None
     if status == "ok":
-        resources = Resources(registers=128, spill_store_bytes=8 if spills else 0, spill_load_bytes=0, stack_bytes=0,
-                              static_smem_bytes=0)
+        resources = Resources(
+            registers=128, spill_store_bytes=8 if spills else 0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0
+        )
     return CheckRow({"block_m": 64}, status, "" if status == "ok" else "why", resources, is_default=default)
 
 

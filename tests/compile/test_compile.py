@@ -34,8 +34,11 @@ def _default_builds():
         except space_mod.SpaceError:  # reported by the test itself, not as a collection error
             yield pytest.param(path, 80, id=f"{path.stem}-broken")
             continue
-        archs = [a for a in (80, 90) if a >= space.family.min_arch
-                 and (not space.family.arch_suffix or a == space.family.min_arch)]
+        archs = [
+            a
+            for a in (80, 90)
+            if a >= space.family.min_arch and (not space.family.arch_suffix or a == space.family.min_arch)
+        ]
         for arch in archs:
             yield pytest.param(path, arch, id=f"{path.stem}-sm{arch}")
 
@@ -170,8 +173,9 @@ def test_different_config_problem_or_arch_compiles_to_a_different_path(tiny):
     space, _ = tiny
     base = compile_config(space, {"width": 1, "refuse": 0}, PROBLEM, SM80).cubin_path
     other_config = compile_config(space, {"width": 4, "refuse": 0}, PROBLEM, SM80)
-    causal = compile_config(space, {"width": 1, "refuse": 0},
-                            Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=64, causal=True), SM80)
+    causal = compile_config(
+        space, {"width": 1, "refuse": 0}, Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=64, causal=True), SM80
+    )
     other_arch = compile_config(space, {"width": 1, "refuse": 0}, PROBLEM, limits_for_arch(90))
     paths = {base, other_config.cubin_path, causal.cubin_path, other_arch.cubin_path}
     assert len(paths) == 4
@@ -274,7 +278,9 @@ def full_disk(tmp_path):
     """A 64 KiB tmpfs, filled up: a real ENOSPC. Needs the right to mount (root outside a locked container)."""
     mount = tmp_path / "full"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode:
         pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or done.returncode})")
     try:

@@ -50,8 +50,13 @@ def _ptxas_log(tmp_path, source: str, *extra: str) -> str:
         pytest.skip("nvcc is not installed")
     cu = tmp_path / "k.cu"
     cu.write_text(source)
-    out = subprocess.run([nvcc, "-cubin", "-arch=sm_80", "-Xptxas=-v", *extra, "-o", str(tmp_path / "k.cubin"),
-                          str(cu)], capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [nvcc, "-cubin", "-arch=sm_80", "-Xptxas=-v", *extra, "-o", str(tmp_path / "k.cubin"), str(cu)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout + out.stderr
 
@@ -122,11 +127,17 @@ ptxas info    : Used 168 registers, 448 bytes cmem[0]
 
 def test_sample_with_spills():
     r = parse_ptxas(SAMPLE, "flashtune_fwd")
-    assert r == Resources(registers=255, spill_store_bytes=24, spill_load_bytes=40, stack_bytes=16,
-                          static_smem_bytes=2048)
+    assert r == Resources(
+        registers=255, spill_store_bytes=24, spill_load_bytes=40, stack_bytes=16, static_smem_bytes=2048
+    )
     assert r.spills
-    assert r.to_dict() == {"registers": 255, "spill_store_bytes": 24, "spill_load_bytes": 40, "stack_bytes": 16,
-                           "static_smem_bytes": 2048}
+    assert r.to_dict() == {
+        "registers": 255,
+        "spill_store_bytes": 24,
+        "spill_load_bytes": 40,
+        "stack_bytes": 16,
+        "static_smem_bytes": 2048,
+    }
 
 
 def test_sample_other_entry_is_not_mixed_up():
@@ -141,8 +152,9 @@ def test_sample_without_barriers_or_smem():
 
 @pytest.mark.parametrize("spill", [(8, 0), (0, 8)])
 def test_a_single_spill_direction_counts(spill):
-    log = OLD_FORMAT.replace("0 bytes spill stores, 0 bytes spill loads",
-                             f"{spill[0]} bytes spill stores, {spill[1]} bytes spill loads")
+    log = OLD_FORMAT.replace(
+        "0 bytes spill stores, 0 bytes spill loads", f"{spill[0]} bytes spill stores, {spill[1]} bytes spill loads"
+    )
     assert parse_ptxas(log, "flashtune_fwd").spills
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from tests.fake_studies import A100_INFO, family_for_tests, fill_study, make_study, open_fake_study, set_winner
 from tuner.cli import main
 from tuner.export import DispatchError, build_dispatch, render_dispatch
-from tuner.study import choose
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
+from tuner.study import choose
 
-NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
+NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 FAMILY = family_for_tests()
 OTHER = next((f for f in available_families() if f != FAMILY), None)
 SEQLENS = (512, 4096)
@@ -80,8 +80,9 @@ def test_studies_of_different_gpus_are_refused(studies, storage_url):
 
 def expected_select(entries, default, dtype, head_dim, causal, seqlen):
     """The documented rule, in Python: smallest tuned seqlen >= seqlen, else the largest, else the default."""
-    same = sorted((e for e in entries if (e.dtype, e.head_dim, e.causal) == (dtype, head_dim, causal)),
-                  key=lambda e: e.seqlen)
+    same = sorted(
+        (e for e in entries if (e.dtype, e.head_dim, e.causal) == (dtype, head_dim, causal)), key=lambda e: e.seqlen
+    )
     for e in same:
         if seqlen <= e.seqlen:
             return e.chosen.config
@@ -91,34 +92,54 @@ def expected_select(entries, default, dtype, head_dim, causal, seqlen):
 def translation_unit(families) -> tuple[str, list[dict[str, int]]]:
     """A .cu file that includes the header, instantiates a kernel template per config, static_asserts the
     selection of every entry and prints select() for a set of queries; and the configs it should print."""
-    lines = ['#include "dispatch.h"', "#include <cstdio>", "using flashtune::DType;", "",
-             "template <int... Knobs> __global__ void probe_kernel(int* out) {",
-             "  constexpr int values[] = {Knobs...};",
-             "  for (int i = 0; i < static_cast<int>(sizeof...(Knobs)); ++i) out[i] = values[i];", "}", ""]
+    lines = [
+        '#include "dispatch.h"',
+        "#include <cstdio>",
+        "using flashtune::DType;",
+        "",
+        "template <int... Knobs> __global__ void probe_kernel(int* out) {",
+        "  constexpr int values[] = {Knobs...};",
+        "  for (int i = 0; i < static_cast<int>(sizeof...(Knobs)); ++i) out[i] = values[i];",
+        "}",
+        "",
+    ]
     queries, expected = [], []
     for n, fam in enumerate(families):
         ns, knobs = f"flashtune::{fam.space.name}", [k.name for k in fam.space.knobs]
-        lines += [f"template <int I> struct Instantiate{n} {{",
-                  f"  static constexpr {ns}::Entry e = {ns}::kEntries[I];",
-                  f"  static_assert({ns}::select(e.dtype, e.head_dim, e.causal, e.seqlen) == e.config,",
-                  '                "an entry must select its own config");',
-                  "  static constexpr void (*kernel)(int*) = &probe_kernel<"
-                  + ", ".join(f"e.config.{k}" for k in knobs) + ">;", "};"]
+        lines += [
+            f"template <int I> struct Instantiate{n} {{",
+            f"  static constexpr {ns}::Entry e = {ns}::kEntries[I];",
+            f"  static_assert({ns}::select(e.dtype, e.head_dim, e.causal, e.seqlen) == e.config,",
+            '                "an entry must select its own config");',
+            "  static constexpr void (*kernel)(int*) = &probe_kernel<"
+            + ", ".join(f"e.config.{k}" for k in knobs)
+            + ">;",
+            "};",
+        ]
         lines += [f"template struct Instantiate{n}<{i}>;" for i in range(len(fam.entries))]
-        lines.append(f"static_assert({ns}::kNumEntries == {len(fam.entries)}, \"entry count\");")
+        lines.append(f'static_assert({ns}::kNumEntries == {len(fam.entries)}, "entry count");')
         statics = {(e.dtype, e.head_dim, e.causal) for e in fam.entries}
         # only head dim 128 is covered: the others fall back to their head dim's default
-        statics |= {(d, h, c) for h in fam.space.family.head_dims if h != 128 for d, c in (("bf16", True), ("fp16", False))}
+        statics |= {
+            (d, h, c) for h in fam.space.family.head_dims if h != 128 for d, c in (("bf16", True), ("fp16", False))
+        }
         for dtype, head_dim, causal in sorted(statics):
             for seqlen in (1, 511, 512, 513, 2048, 4096, 4097, 1 << 20):
-                queries.append(f"  {{ auto c = {ns}::select(DType::{dtype}, {head_dim}, {str(causal).lower()}, "
-                               f"{seqlen}); std::printf(\"" + " ".join(["%d"] * len(knobs)) + "\\n\", "
-                               + ", ".join(f"c.{k}" for k in knobs) + "); }")
-                expected.append(expected_select(fam.entries, fam.space.defaults(head_dim), dtype, head_dim, causal,
-                                                seqlen))
-        lines.append(f"static_assert({ns}::select(DType::fp16, 64, false, 1000) == {ns}::default_config(64), "
-                     '"fallback");')
-        lines.append(f"static_assert({ns}::default_config(1000) == {ns}::kDefault, \"the plain default\");")
+                queries.append(
+                    f"  {{ auto c = {ns}::select(DType::{dtype}, {head_dim}, {str(causal).lower()}, "
+                    f'{seqlen}); std::printf("'
+                    + " ".join(["%d"] * len(knobs))
+                    + '\\n", '
+                    + ", ".join(f"c.{k}" for k in knobs)
+                    + "); }"
+                )
+                expected.append(
+                    expected_select(fam.entries, fam.space.defaults(head_dim), dtype, head_dim, causal, seqlen)
+                )
+        lines.append(
+            f'static_assert({ns}::select(DType::fp16, 64, false, 1000) == {ns}::default_config(64), "fallback");'
+        )
+        lines.append(f'static_assert({ns}::default_config(1000) == {ns}::kDefault, "the plain default");')
     lines += ["", "int main() {", *queries, "  return 0;", "}", ""]
     return "\n".join(lines), expected
 
@@ -128,9 +149,21 @@ def test_header_compiles_instantiates_every_config_and_selects_by_the_documented
     (tmp_path / "dispatch.h").write_text(render_dispatch(families, storage_url=storage_url, now=NOW))
     source, expected = translation_unit(families)
     (tmp_path / "probe.cu").write_text(source)
-    build = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_80,code=sm_80", "-I", str(tmp_path),
-                            str(tmp_path / "probe.cu"), "-o", str(tmp_path / "probe")],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [
+            "nvcc",
+            "-std=c++17",
+            "-gencode=arch=compute_80,code=sm_80",
+            "-I",
+            str(tmp_path),
+            str(tmp_path / "probe.cu"),
+            "-o",
+            str(tmp_path / "probe"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, timeout=60)  # host code only
     assert run.returncode == 0, run.stderr
@@ -163,8 +196,10 @@ def test_cli_dispatch_by_pattern(studies, storage_url, tmp_path, capsys):
 
 def test_cli_dispatch_by_suite_lists_what_is_not_covered(studies, storage_url, tmp_path, capsys):
     suite = tmp_path / "sweep.toml"
-    suite.write_text(f'family = "{FAMILY}"\n\n[grid]\ndtype = ["fp16", "bf16"]\ncausal = [false, true]\n'
-                     f"head_dim = 128\nheads = 16\nseqlen = [512, 4096, 16384]\ntokens = 16384\n")
+    suite.write_text(
+        f'family = "{FAMILY}"\n\n[grid]\ndtype = ["fp16", "bf16"]\ncausal = [false, true]\n'
+        f"head_dim = 128\nheads = 16\nseqlen = [512, 4096, 16384]\ntokens = 16384\n"
+    )
     out = tmp_path / "suite.h"
     assert main(["export", "--dispatch", "--suite", str(suite), "--storage", storage_url, "-o", str(out)]) == 0
     text = out.read_text()

@@ -5,22 +5,22 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import optuna
 import pytest
 
 from tests.fake_studies import A100_INFO, family_for_tests, fill_study, make_study, open_fake_study
 from tuner._version import __version__
-from tuner.study import _meta as st
 from tuner.cli import main
 from tuner.export import comment_text, read_header, render_header
-from tuner.study import StudyError, choose
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
+from tuner.study import StudyError, choose
+from tuner.study import _meta as st
 
-NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
+NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 PROBLEM = Problem(batch=4, seqlen_q=2048, heads_q=16, head_dim=128, dtype="bf16", causal=True)
 DEFINE = re.compile(r"^#define (\w+)(?: (.*?))?(?:\s+//.*)?$")
 
@@ -66,16 +66,26 @@ def test_comment_block_describes_the_result(finished, storage_url):
     chosen = choose(study)
     text = render_header(chosen, storage_url=storage_url, now=NOW)
     winner = study.user_attrs["winner"]
-    for needle in (f"kernel family  {chosen.family}", "arch           sm_90", "GPU            NVIDIA H200",
-                   "dtype          bf16", "head dim       128", "causal         yes",
-                   "batch 4, seqlen_q 2048, seqlen_k 2048, heads_q 16, heads_kv 16",
-                   f"{winner['tflops']:.1f} TFLOPS (re-timed winner, trial {winner['trial']})",
-                   f"{winner['speedup_over_default']:.3f}x the default config", "2025-03-04T05:06:07+00:00",
-                   f"flashtune {__version__}", storage_url):
+    for needle in (
+        f"kernel family  {chosen.family}",
+        "arch           sm_90",
+        "GPU            NVIDIA H200",
+        "dtype          bf16",
+        "head dim       128",
+        "causal         yes",
+        "batch 4, seqlen_q 2048, seqlen_k 2048, heads_q 16, heads_kv 16",
+        f"{winner['tflops']:.1f} TFLOPS (re-timed winner, trial {winner['trial']})",
+        f"{winner['speedup_over_default']:.3f}x the default config",
+        "2025-03-04T05:06:07+00:00",
+        f"flashtune {__version__}",
+        storage_url,
+    ):
         assert needle in text, needle
     geometry = chosen.space.launch(chosen.config, chosen.problem, chosen.device)
-    assert (f"{geometry.grid} for this shape on {chosen.device.num_sms} SMs; {geometry.threads} threads; "
-            f"{geometry.smem_bytes} B of dynamic shared memory") in text
+    assert (
+        f"{geometry.grid} for this shape on {chosen.device.num_sms} SMs; {geometry.threads} threads; "
+        f"{geometry.smem_bytes} B of dynamic shared memory"
+    ) in text
     assert chosen.space.launch_grid[0].text in text  # the rule, for other shapes
     for line in text.splitlines():  # everything but the guard, the defines and blank lines is a // comment
         assert line == "" or line.startswith(("//", "#")), line
@@ -145,8 +155,9 @@ def test_free_text_from_the_database_cannot_leave_its_comment(storage_url):
     assert "\\" not in text and "??" not in text
     names = list(defines(text))
     assert len(names) == len(set(names)), "a macro is defined twice"
-    assert set(names) - {"FLASHTUNE_FAMILY"} - {n for n in names if n.startswith("FLASHTUNE_") and n.endswith("_H")} \
-        == set(space.macros(choose(study).config, PROBLEM, choose(study).device))
+    assert set(names) - {"FLASHTUNE_FAMILY"} - {
+        n for n in names if n.startswith("FLASHTUNE_") and n.endswith("_H")
+    } == set(space.macros(choose(study).config, PROBLEM, choose(study).device))
     assert comment_text("a\nb\r\x00c\\ ???/") == "a?b?c/ ?/"
 
 
@@ -163,8 +174,11 @@ def test_stale_space_digest_is_refused(storage_url):
         choose(study)
 
 
-@pytest.mark.parametrize("bad", [{"block_m": 999}, {"block_m": "128\n#include <evil.h>"}, {"nonsense": 1}, {}],
-                         ids=["value-not-allowed", "text", "unknown-knob", "missing-knob"])
+@pytest.mark.parametrize(
+    "bad",
+    [{"block_m": 999}, {"block_m": "128\n#include <evil.h>"}, {"nonsense": 1}, {}],
+    ids=["value-not-allowed", "text", "unknown-knob", "missing-knob"],
+)
 def test_stored_values_that_do_not_fit_the_space_are_refused(storage_url, bad, request):
     study = make_study(storage_url, request.node.name, family_for_tests(), PROBLEM, n_trials=8, failures=False)
     space = load_space(study.user_attrs["family"])
@@ -182,14 +196,18 @@ def test_stored_values_that_do_not_fit_the_space_are_refused(storage_url, bad, r
         choose(study)
 
 
-@pytest.mark.parametrize("attrs, match", [
-    ({"winner": "garbage"}, "malformed winner"),
-    ({"winner": {"config": [128, 64], "tflops": 1.0}}, "malformed best config"),
-    ({"problem": {"batch": 1}}, "malformed problem"),
-    ({"problem": dict(PROBLEM.to_dict(), causal="yes")}, "malformed problem"),
-    ({"gpu": {"name": "x"}}, "malformed GPU"),
-    ({"family": "../../etc"}, "no valid kernel family"),
-], ids=["winner", "config", "problem", "causal", "gpu", "family"])
+@pytest.mark.parametrize(
+    "attrs, match",
+    [
+        ({"winner": "garbage"}, "malformed winner"),
+        ({"winner": {"config": [128, 64], "tflops": 1.0}}, "malformed best config"),
+        ({"problem": {"batch": 1}}, "malformed problem"),
+        ({"problem": dict(PROBLEM.to_dict(), causal="yes")}, "malformed problem"),
+        ({"gpu": {"name": "x"}}, "malformed GPU"),
+        ({"family": "../../etc"}, "no valid kernel family"),
+    ],
+    ids=["winner", "config", "problem", "causal", "gpu", "family"],
+)
 def test_malformed_study_attributes_are_refused(storage_url, attrs, match, request):
     study = _mutated(storage_url, request.node.name, **attrs)
     with pytest.raises(StudyError, match=match):
@@ -240,14 +258,27 @@ def test_kernel_builds_with_the_header_in_place_of_flags(family, storage_url, tm
     chosen = choose(study)
     header = tmp_path / "best.h"
     header.write_text(render_header(chosen, storage_url=storage_url, now=NOW))
-    base = ["nvcc", "-cubin", "-std=c++17", "-O3", _nvcc_arch(space), "-I", str(KERNEL_SRC),
-            str(KERNEL_SRC / space.family.source)]
-    with_header = subprocess.run([*base, "-include", str(header), "-o", str(tmp_path / "header.cubin")],
-                                 capture_output=True, text=True, timeout=600)
+    base = [
+        "nvcc",
+        "-cubin",
+        "-std=c++17",
+        "-O3",
+        _nvcc_arch(space),
+        "-I",
+        str(KERNEL_SRC),
+        str(KERNEL_SRC / space.family.source),
+    ]
+    with_header = subprocess.run(
+        [*base, "-include", str(header), "-o", str(tmp_path / "header.cubin")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert with_header.returncode == 0, with_header.stderr[-3000:]
     flags = [f"-D{k}={v}" for k, v in chosen.macros.items()]
-    with_flags = subprocess.run([*base, *flags, "-o", str(tmp_path / "flags.cubin")], capture_output=True, text=True,
-                                timeout=600)
+    with_flags = subprocess.run(
+        [*base, *flags, "-o", str(tmp_path / "flags.cubin")], capture_output=True, text=True, timeout=600
+    )
     assert with_flags.returncode == 0, with_flags.stderr[-3000:]
     assert (tmp_path / "header.cubin").read_bytes() == (tmp_path / "flags.cubin").read_bytes()
 

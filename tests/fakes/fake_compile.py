@@ -17,14 +17,25 @@ def refuses(config: dict[str, int]) -> bool:
 
 def fake_compiler(space_path: str, config: dict[str, int], problem, device) -> CompileOutcome:
     if refuses(config):
-        return CompileOutcome(status="compile_error",
-                              reason=f"nvcc failed for toy {config}: error: static assertion failed (fake)")
+        return CompileOutcome(
+            status="compile_error", reason=f"nvcc failed for toy {config}: error: static assertion failed (fake)"
+        )
     name = "-".join(f"{k}{v}" for k, v in config.items())
-    kernel = CompiledKernel(cubin_path=f"/nonexistent/{name}.cubin", entry="toy_fwd", arch=str(device.arch),
-                            options=(), resources=Resources(registers=96 + config.get("block_m", 0) // 4,
-                                                            spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0,
-                                                            static_smem_bytes=0),
-                            seconds=0.01, cached=False)
+    kernel = CompiledKernel(
+        cubin_path=f"/nonexistent/{name}.cubin",
+        entry="toy_fwd",
+        arch=str(device.arch),
+        options=(),
+        resources=Resources(
+            registers=96 + config.get("block_m", 0) // 4,
+            spill_store_bytes=0,
+            spill_load_bytes=0,
+            stack_bytes=0,
+            static_smem_bytes=0,
+        ),
+        seconds=0.01,
+        cached=False,
+    )
     return CompileOutcome(status="ok", payload=kernel)
 
 

@@ -47,8 +47,15 @@ class FakeGpu:
 
     def device_info(self) -> dict[str, object]:
         mixed = os.environ.get("FLASHTUNE_STANDIN_MIXED") == "1" and self.device == 1
-        return {"name": "Other GPU" if mixed else "Stand-in GPU", "arch": 80, "num_sms": 108,
-                "smem_per_block_optin": 166912, "regs_per_sm": 65536, "driver": "0.0", "index": self.device}
+        return {
+            "name": "Other GPU" if mixed else "Stand-in GPU",
+            "arch": 80,
+            "num_sms": 108,
+            "smem_per_block_optin": 166912,
+            "regs_per_sm": 65536,
+            "driver": "0.0",
+            "index": self.device,
+        }
 
     def device_count(self) -> int:
         return 2
@@ -72,10 +79,12 @@ class FakeGpu:
 
     def run_peers(self, problem: Problem, settings: MeasureSettings | None) -> list[dict[str, object]]:
         """Peers with fixed figures: cuDNN 150, FA2 100, efficient refusing, the GEMM 300 TFLOPS."""
-        return [{"name": "sdpa_flash_attention", "latency_ms": 1.0, "tflops": 100.0, "detail": ""},
-                {"name": "sdpa_cudnn_attention", "latency_ms": 1.0, "tflops": 150.0, "detail": ""},
-                {"name": "sdpa_efficient_attention", "latency_ms": None, "tflops": None, "detail": "refused"},
-                {"name": "cublas_gemm_8192", "latency_ms": 1.0, "tflops": 300.0, "detail": "random inputs"}]
+        return [
+            {"name": "sdpa_flash_attention", "latency_ms": 1.0, "tflops": 100.0, "detail": ""},
+            {"name": "sdpa_cudnn_attention", "latency_ms": 1.0, "tflops": 150.0, "detail": ""},
+            {"name": "sdpa_efficient_attention", "latency_ms": None, "tflops": None, "detail": "refused"},
+            {"name": "cublas_gemm_8192", "latency_ms": 1.0, "tflops": 300.0, "detail": "random inputs"},
+        ]
 
     # -- calls of the worker's tests ---------------------------------------------------------------
     def pid(self) -> int:

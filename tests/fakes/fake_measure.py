@@ -19,8 +19,13 @@ def wrong(config: dict[str, int]) -> bool:
 
 def model_tflops(config: dict[str, int]) -> float:
     """Peaks at block_m=128, block_n=64, stages=2, flag=1 (a unique best)."""
-    return (100.0 + config["block_m"] / 8 - abs(config["block_n"] - 64) / 8 - 5 * abs(config["stages"] - 2)
-            + 3 * config["flag"])
+    return (
+        100.0
+        + config["block_m"] / 8
+        - abs(config["block_n"] - 64) / 8
+        - 5 * abs(config["stages"] - 2)
+        + 3 * config["flag"]
+    )
 
 
 @dataclass
@@ -44,9 +49,14 @@ class FakeMeasure:
             raise KeyboardInterrupt
         config = job.config
         if job.settings.check and wrong(config):
-            return MeasureResult(status="wrong_result", detail="max relative error 0.5 > 0.004 (fake)",
-                                 rel_error=0.5)
+            return MeasureResult(status="wrong_result", detail="max relative error 0.5 > 0.004 (fake)", rel_error=0.5)
         tflops = model_tflops(config) * (1 + (self.noise if len(self.calls) % 2 else -self.noise))
         latency_ms = job.problem.flops / (tflops * 1e12) * 1e3
-        return MeasureResult(status="ok", latency_ms=latency_ms, tflops=tflops, reps=10, spread=0.01,
-                             rel_error=1e-4 if job.settings.check else None)
+        return MeasureResult(
+            status="ok",
+            latency_ms=latency_ms,
+            tflops=tflops,
+            reps=10,
+            spread=0.01,
+            rel_error=1e-4 if job.settings.check else None,
+        )

@@ -12,6 +12,7 @@ import ctypes
 import importlib
 import struct
 import types
+from typing import ClassVar
 
 from tuner.devices import limits_for_arch
 from tuner.gpu import _launch as launch
@@ -22,10 +23,17 @@ ta = importlib.import_module("tuner.serve._attention")
 def fake_tensor_map_encoder(address, dtype, rank, ptr, dims, strides, box, element_strides, *flags) -> int:
     """A stand-in for cuTensorMapEncodeTiled (called with plain ints): writes (dtype, ptr, dims, byte strides,
     box) into the 128-byte map."""
-    words = [dtype, ptr, *(ctypes.c_uint64 * 4).from_address(dims), *(ctypes.c_uint64 * 3).from_address(strides),
-             *(ctypes.c_uint32 * 4).from_address(box)]
+    words = [
+        dtype,
+        ptr,
+        *(ctypes.c_uint64 * 4).from_address(dims),
+        *(ctypes.c_uint64 * 3).from_address(strides),
+        *(ctypes.c_uint32 * 4).from_address(box),
+    ]
     ctypes.memmove(address, struct.pack("=13Q", *words) + bytes(128 - 13 * 8), 128)
     return 0
+
+
 H200 = limits_for_arch(90)
 
 
@@ -33,8 +41,10 @@ class StandInGPU:
     """Records each launch: function, geometry, stream, and the arguments decoded for ``abi``."""
 
     #: the arguments each ABI's kernel reads (struct formats; a tensor map is 128 bytes)
-    FORMATS = {"flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
-               "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"]}
+    FORMATS: ClassVar[dict[str, list[str]]] = {
+        "flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
+        "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"],
+    }
 
     def __init__(self, abi: str = "flat") -> None:
         self.abi = abi
@@ -48,10 +58,20 @@ class StandInGPU:
     def launch_kernel(self, function_ptr, grid, threads, smem_bytes, stream, params_address):
         formats = self.FORMATS[self.abi]
         pointers = (ctypes.c_void_p * len(formats)).from_address(params_address)
-        args = [struct.unpack("=" + f, ctypes.string_at(pointers[i], struct.calcsize("=" + f)))[0]
-                for i, f in enumerate(formats)]
-        self.launches.append({"function": function_ptr, "grid": grid, "threads": threads, "smem_bytes": smem_bytes,
-                              "stream": stream, "args": args})
+        args = [
+            struct.unpack("=" + f, ctypes.string_at(pointers[i], struct.calcsize("=" + f)))[0]
+            for i, f in enumerate(formats)
+        ]
+        self.launches.append(
+            {
+                "function": function_ptr,
+                "grid": grid,
+                "threads": threads,
+                "smem_bytes": smem_bytes,
+                "stream": stream,
+                "args": args,
+            }
+        )
 
     @property
     def last(self) -> dict:
@@ -70,4 +90,3 @@ def install(monkeypatch, stand_in: StandInGPU) -> None:
     monkeypatch.setattr(ta, "_current_context", lambda: 0xC0)
     monkeypatch.setattr(launch, "launch_kernel", stand_in.launch_kernel)
     monkeypatch.setattr(launch, "driver", types.SimpleNamespace(funcSetAttribute=lambda *a: None))
-

@@ -35,8 +35,15 @@ def standin_compile(space_path, config, problem, device) -> CompileOutcome:
         with open(os.environ["FLASHTUNE_STANDIN_COMPILE_LOG"], "a") as f:
             f.write(f"{os.getpid()}\n")
     resources = Resources(registers=128, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0)
-    kernel = CompiledKernel(cubin_path="/dev/null", entry="flashtune_fwd", arch="80", options=(), resources=resources,
-                            seconds=0.0, cached=True)
+    kernel = CompiledKernel(
+        cubin_path="/dev/null",
+        entry="flashtune_fwd",
+        arch="80",
+        options=(),
+        resources=resources,
+        seconds=0.0,
+        cached=True,
+    )
     return CompileOutcome(status="ok", payload=kernel)
 
 
@@ -53,10 +60,16 @@ def main(argv: list[str]) -> int:
     storage = open_storage(storage_url)
     for attempt in range(20):  # several processes may race to create the study
         try:
-            study = open_study(storage=storage, name=study_name, space=space, problem=PROBLEM, gpu=GPU,
-                               sampler=make_sampler("tpe", space, os.getpid()))
+            study = open_study(
+                storage=storage,
+                name=study_name,
+                space=space,
+                problem=PROBLEM,
+                gpu=GPU,
+                sampler=make_sampler("tpe", space, os.getpid()),
+            )
             break
-        except Exception:  # noqa: BLE001 - DuplicatedStudyError from a racing creator: load it next time
+        except Exception:
             time.sleep(0.2 * (attempt + 1))
     else:
         raise SystemExit("could not open the study")
@@ -75,12 +88,22 @@ def main(argv: list[str]) -> int:
             f.write(f"{job.tag}\n")
         return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config))
 
-    settings = TuneSettings(n_trials=int(n_trials), compile_workers=1, compile_ahead=2, storage_retries=6,
-                            storage_retry_delay_s=0.5)
+    settings = TuneSettings(
+        n_trials=int(n_trials), compile_workers=1, compile_ahead=2, storage_retries=6, storage_retry_delay_s=0.5
+    )
     # seeded apart: each stand-in process proposes and explores on its own
     search = make_search("tpe", space, PROBLEM, device, os.getpid())
-    summary = tune(study, space, PROBLEM, device, MeasureFunction(measure), settings, search=search,
-                   compiler=standin_compile, seed=os.getpid())
+    summary = tune(
+        study,
+        space,
+        PROBLEM,
+        device,
+        MeasureFunction(measure),
+        settings,
+        search=search,
+        compiler=standin_compile,
+        seed=os.getpid(),
+    )
     print(f"stand-in done: {summary}", flush=True)
     return 0
 

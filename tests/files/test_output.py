@@ -62,12 +62,15 @@ def test_a_fifo_is_written_through(tmp_path):
     assert got == ["through the pipe"] and stat.S_ISFIFO(fifo.lstat().st_mode)
 
 
-@pytest.mark.parametrize(("make", "fragment"), [
-    (lambda d: d, "is a directory"),
-    (lambda d: d / "missing" / "x.h", "does not exist"),
-    (lambda d: d / ("n" * 400 + ".h"), "too long|longer than"),
-    (lambda d: "", "empty"),
-])
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda d: d, "is a directory"),
+        (lambda d: d / "missing" / "x.h", "does not exist"),
+        (lambda d: d / ("n" * 400 + ".h"), "too long|longer than"),
+        (lambda d: "", "empty"),
+    ],
+)
 def test_unusable_paths_are_refused_with_one_line(tmp_path, make, fragment):
     with pytest.raises(OutputError, match=fragment) as info:
         check_output_path(make(tmp_path))

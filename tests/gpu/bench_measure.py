@@ -34,6 +34,7 @@ OLD = {"warmup_ms": 25.0, "min_reps": 10, "max_reps": 100, "target_ms": 200.0}
 
 # -- the worker's side (the default handler, tuner.gpu.CupyHandler; these functions run in its process) -----
 
+
 def run_new_way(handler: CupyHandler, job: MeasureJob) -> MeasureResult:
     return handler.run_job(job)
 
@@ -53,8 +54,16 @@ def run_job_old(job: MeasureJob) -> MeasureResult:
 
     t_job = time.perf_counter()
     p = job.problem
-    kernel = load_kernel(job.cubin_path, job.entry, abi=job.abi, grid=job.grid, threads=job.threads,
-                         smem_bytes=job.smem_bytes, config=job.config, abi_params=job.abi_params)
+    kernel = load_kernel(
+        job.cubin_path,
+        job.entry,
+        abi=job.abi,
+        grid=job.grid,
+        threads=job.threads,
+        smem_bytes=job.smem_bytes,
+        config=job.config,
+        abi_params=job.abi_params,
+    )
     seed = job.settings.seed * 1_000_003 + int(time.time_ns() % 1_000_000)
     q, k, v = random_inputs(p, seed, scale=job.settings.input_scale)
     o = cupy.empty(q.shape, dtype=storage_dtype(p.dtype))
@@ -115,14 +124,25 @@ def run_job_old(job: MeasureJob) -> MeasureResult:
     median = float(np.median(timed))
     q1, q3 = np.percentile(timed, [25, 75])
     job_ms = (time.perf_counter() - t_job) * 1e3
-    return MeasureResult(status="ok", latency_ms=median, spread=float((q3 - q1) / median), reps=reps,
-                         tflops=p.flops / (median * 1e-3) / 1e12, rel_error=worst_rel, lse_error=worst_lse,
-                         kernel_ms=kernel_ms + sum(times), job_ms=job_ms,
-                         phases_ms={"inputs_and_check": round((t_check - t_job) * 1e3, 3),
-                                    "timing": round((time.perf_counter() - t_check) * 1e3, 3)})
+    return MeasureResult(
+        status="ok",
+        latency_ms=median,
+        spread=float((q3 - q1) / median),
+        reps=reps,
+        tflops=p.flops / (median * 1e-3) / 1e12,
+        rel_error=worst_rel,
+        lse_error=worst_lse,
+        kernel_ms=kernel_ms + sum(times),
+        job_ms=job_ms,
+        phases_ms={
+            "inputs_and_check": round((t_check - t_job) * 1e3, 3),
+            "timing": round((time.perf_counter() - t_check) * 1e3, 3),
+        },
+    )
 
 
 # -- the tuner's side --------------------------------------------------------------------------------
+
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
@@ -131,10 +151,12 @@ def _fmt(value, spec: str) -> str:
 def _line(way: str, i: int, wall_ms: float, r: MeasureResult) -> str:
     busy = r.kernel_ms / r.job_ms if r.kernel_ms is not None and r.job_ms else None
     ci = None if r.rel_ci is None else 100 * r.rel_ci
-    return (f"{way:<4} {i:>2} {wall_ms:9.1f} {_fmt(r.latency_ms, '.4f'):>9} {_fmt(ci, '.2f'):>6} {r.reps:>5} "
-            f"{_fmt(None if r.spread is None else 100 * r.spread, '.2f'):>7} {_fmt(r.kernel_ms, '.1f'):>9} "
-            f"{_fmt(r.job_ms, '.1f'):>9} {_fmt(None if busy is None else 100 * busy, '.1f'):>6}  "
-            + " ".join(f"{k}={v:.1f}" for k, v in r.phases_ms.items()))
+    return (
+        f"{way:<4} {i:>2} {wall_ms:9.1f} {_fmt(r.latency_ms, '.4f'):>9} {_fmt(ci, '.2f'):>6} {r.reps:>5} "
+        f"{_fmt(None if r.spread is None else 100 * r.spread, '.2f'):>7} {_fmt(r.kernel_ms, '.1f'):>9} "
+        f"{_fmt(r.job_ms, '.1f'):>9} {_fmt(None if busy is None else 100 * busy, '.1f'):>6}  "
+        + " ".join(f"{k}={v:.1f}" for k, v in r.phases_ms.items())
+    )
 
 
 def _summary(way: str, rows: list[tuple[float, MeasureResult]]) -> dict[str, object]:
@@ -150,8 +172,9 @@ def _summary(way: str, rows: list[tuple[float, MeasureResult]]) -> dict[str, obj
         "between_measurements_cv": statistics.pstdev(lat) / statistics.mean(lat),
         "reps_mean": statistics.mean(r.reps for _, r in warm),
         "within_spread_mean": statistics.mean(r.spread for _, r in warm),
-        "rel_ci_mean": (statistics.mean(r.rel_ci for _, r in warm) if all(r.rel_ci is not None for _, r in warm)
-                        else None),
+        "rel_ci_mean": (
+            statistics.mean(r.rel_ci for _, r in warm) if all(r.rel_ci is not None for _, r in warm) else None
+        ),
         "gpu_busy_in_job": sum(r.kernel_ms for _, r in warm) / sum(r.job_ms for _, r in warm),
         "gpu_busy_in_wall": sum(r.kernel_ms for _, r in warm) / sum(w for w, _ in warm),
     }
@@ -160,10 +183,10 @@ def _summary(way: str, rows: list[tuple[float, MeasureResult]]) -> dict[str, obj
 def main(argv: list[str] | None = None) -> int:
     from tuner.compile import compile_config
     from tuner.devices import DeviceLimits
-    from tuner.problem import Problem
-    from tuner.space import load_space
     from tuner.gpu import measure_job_for
+    from tuner.problem import Problem
     from tuner.run import Worker
+    from tuner.space import load_space
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="sm90")
@@ -177,8 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the measurements and summaries here")
     args = ap.parse_args(argv)
 
-    problem = Problem(batch=args.batch, seqlen_q=args.seqlen, heads_q=args.heads, head_dim=args.head_dim,
-                      dtype=args.dtype, causal=args.causal)
+    problem = Problem(
+        batch=args.batch,
+        seqlen_q=args.seqlen,
+        heads_q=args.heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        causal=args.causal,
+    )
     report: dict[str, object] = {"problem": problem.to_dict(), "measurements": [], "summaries": []}
     with Worker() as worker:
         info = worker.device_info()
@@ -189,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         job = measure_job_for(space, config, problem, device, kernel, MeasureSettings(), tag="bench-measure")
         clock = info.get("sm_clock_mhz", "?")
         print(f"{args.family} default on {problem.slug()}, {info['name']} (SM clock {clock} MHz)")
-        print(f"{'way':<4} {'#':>2} {'wall ms':>9} {'lat ms':>9} {'CI %':>6} {'reps':>5} {'IQR %':>7} "
-              f"{'kernel ms':>9} {'job ms':>9} {'busy %':>6}  phases (ms)")
+        print(
+            f"{'way':<4} {'#':>2} {'wall ms':>9} {'lat ms':>9} {'CI %':>6} {'reps':>5} {'IQR %':>7} "
+            f"{'kernel ms':>9} {'job ms':>9} {'busy %':>6}  phases (ms)"
+        )
         for way, function in (("old", run_old_way), ("new", run_new_way)):
             rows = []
             for i in range(args.repeats + 1):
@@ -206,13 +237,15 @@ def main(argv: list[str] | None = None) -> int:
             report["summaries"].append(_summary(way, rows))
     print()
     for s in report["summaries"]:
-        print(f"{s['way']}: {s['ms_per_measurement']:.1f} ms per measurement (first {s['cold_ms']:.1f} ms), "
-              f"median {s['latency_median_ms']:.4f} ms, between measurements "
-              f"{100 * s['between_measurements_range']:.2f}% range / {100 * s['between_measurements_cv']:.2f}% CV, "
-              f"{s['reps_mean']:.0f} reps, "
-              f"IQR {100 * s['within_spread_mean']:.2f}%, "
-              f"CI {'-' if s['rel_ci_mean'] is None else format(100 * s['rel_ci_mean'], '.2f')}%, "
-              f"GPU busy {100 * s['gpu_busy_in_job']:.0f}% of the job, {100 * s['gpu_busy_in_wall']:.0f}% of the wall")
+        print(
+            f"{s['way']}: {s['ms_per_measurement']:.1f} ms per measurement (first {s['cold_ms']:.1f} ms), "
+            f"median {s['latency_median_ms']:.4f} ms, between measurements "
+            f"{100 * s['between_measurements_range']:.2f}% range / {100 * s['between_measurements_cv']:.2f}% CV, "
+            f"{s['reps_mean']:.0f} reps, "
+            f"IQR {100 * s['within_spread_mean']:.2f}%, "
+            f"CI {'-' if s['rel_ci_mean'] is None else format(100 * s['rel_ci_mean'], '.2f')}%, "
+            f"GPU busy {100 * s['gpu_busy_in_job']:.0f}% of the job, {100 * s['gpu_busy_in_wall']:.0f}% of the wall"
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"gpu": info, **report}, f, indent=1)

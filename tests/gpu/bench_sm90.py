@@ -41,10 +41,10 @@ from pathlib import Path
 
 os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the cubin cache; workers inherit it
 
-from tuner.devices import DeviceLimits  # noqa: E402
-from tuner.gpu import TOLERANCES, CupyHandler  # noqa: E402
-from tuner.problem import Problem  # noqa: E402
-from tuner.space import Space, config_key, load_space  # noqa: E402
+from tuner.devices import DeviceLimits
+from tuner.gpu import TOLERANCES, CupyHandler
+from tuner.problem import Problem
+from tuner.space import Space, config_key, load_space
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 6 minutes)
@@ -73,11 +73,28 @@ NCU_SHAPES = [SHAPES[0], SHAPES[1]]  # default, best variant and cuDNN profiled 
 PEERS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"}
 NCU_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats")
 # tensor-pipe metrics, the first ones this ncu knows are added (Hopper's wgmma pipe is "gmma")
-TENSOR_METRIC_BASES = ("sm__pipe_tensor_op_gmma_cycles_active", "sm__inst_executed_pipe_tensor_op_gmma",
-                       "sm__pipe_tensor_op_hmma_cycles_active", "sm__pipe_tensor_cycles_active")
-ABBREV = {"kv_stages": "kvs", "kv_barriers": "kvb", "block_n": "bn", "consumer_wgs": "wgs", "rescale_slack": "slack",
-          "producer_regs": "preg", "consumer_regs": "creg", "intra_wg_overlap": "ovl", "pingpong": "pp",
-          "pv_split": "pvs", "poly_exp": "poly", "cta_mode": "cta", "persistent": "pers", "ctas_per_sm": "ctas"}
+TENSOR_METRIC_BASES = (
+    "sm__pipe_tensor_op_gmma_cycles_active",
+    "sm__inst_executed_pipe_tensor_op_gmma",
+    "sm__pipe_tensor_op_hmma_cycles_active",
+    "sm__pipe_tensor_cycles_active",
+)
+ABBREV = {
+    "kv_stages": "kvs",
+    "kv_barriers": "kvb",
+    "block_n": "bn",
+    "consumer_wgs": "wgs",
+    "rescale_slack": "slack",
+    "producer_regs": "preg",
+    "consumer_regs": "creg",
+    "intra_wg_overlap": "ovl",
+    "pingpong": "pp",
+    "pv_split": "pvs",
+    "poly_exp": "poly",
+    "cta_mode": "cta",
+    "persistent": "pers",
+    "ctas_per_sm": "ctas",
+}
 
 
 def log(message: str) -> None:
@@ -100,11 +117,20 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
     two_wgs = {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240}  # the d128 default's (d64: 3 warpgroups)
     wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
-    ctas2 = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232,
-             "block_n": 128 if head_dim == 64 else 64}
+    ctas2 = {
+        "ctas_per_sm": 2,
+        "consumer_wgs": 1,
+        "producer_regs": 24,
+        "consumer_regs": 232,
+        "block_n": 128 if head_dim == 64 else 64,
+    }
     if quick:
-        return {"default": {}, "one_per_block": {"persistent": 0}, "ctas2": {"persistent": 0, **ctas2},
-                "pingpong": {"persistent": 0, "pingpong": 1, **two_wgs}}
+        return {
+            "default": {},
+            "one_per_block": {"persistent": 0},
+            "ctas2": {"persistent": 0, **ctas2},
+            "pingpong": {"persistent": 0, "pingpong": 1, **two_wgs},
+        }
     v: dict[str, dict[str, int]] = {
         "default": {},
         "one_per_block": {"persistent": 0},  # the default is persistent at d64 and d128, not at d256
@@ -125,20 +151,24 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         "ctas2_kv1": {"kv_barriers": 1, **ctas2},
     }
     if head_dim == 64:
-        v.update({
-            "poly2": {"poly_exp": 2},
-            "poly4": {"poly_exp": 4},
-            "wgs3_poly2": {"poly_exp": 2, **wgs3},
-            "wgs3_serial_bn160": {**wgs3, "block_n": 160, "intra_wg_overlap": 0},
-            "wgs3_serial_bn160_poly2": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "poly_exp": 2},
-            "ctas2_poly2": {"poly_exp": 2, **ctas2},
-            "ctas2_bn192": {**ctas2, "block_n": 192},
-        })
+        v.update(
+            {
+                "poly2": {"poly_exp": 2},
+                "poly4": {"poly_exp": 4},
+                "wgs3_poly2": {"poly_exp": 2, **wgs3},
+                "wgs3_serial_bn160": {**wgs3, "block_n": 160, "intra_wg_overlap": 0},
+                "wgs3_serial_bn160_poly2": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "poly_exp": 2},
+                "ctas2_poly2": {"poly_exp": 2, **ctas2},
+                "ctas2_bn192": {**ctas2, "block_n": 192},
+            }
+        )
     else:
         v["ctas2_bn80"] = {**ctas2, "block_n": 80}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
-    v = {name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
-         for name, partial in v.items()}
+    v = {
+        name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
+        for name, partial in v.items()
+    }
     return v
 
 
@@ -175,11 +205,18 @@ def _compile_one(arg: tuple) -> dict:
     from tuner.compile import compile_config
 
     try:
-        kernel = compile_config(load_space("sm90"), config, Problem.from_dict(problem_dict),
-                                DeviceLimits(**device_dict))
-        return {"ok": True, "cubin": kernel.cubin_path, "entry": kernel.entry, "resources": kernel.resources.to_dict(),
-                "compile_s": round(kernel.seconds, 2), "cached": kernel.cached}
-    except Exception as e:  # noqa: BLE001 - reported per config
+        kernel = compile_config(
+            load_space("sm90"), config, Problem.from_dict(problem_dict), DeviceLimits(**device_dict)
+        )
+        return {
+            "ok": True,
+            "cubin": kernel.cubin_path,
+            "entry": kernel.entry,
+            "resources": kernel.resources.to_dict(),
+            "compile_s": round(kernel.seconds, 2),
+            "cached": kernel.cached,
+        }
+    except Exception as e:
         return {"ok": False, "detail": f"{type(e).__name__}: {str(e)[:400]}"}
 
 
@@ -192,8 +229,10 @@ def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> Non
     jobs: dict[tuple, tuple] = {}
     for plan in plans:
         for entry in plan["configs"]:
-            jobs.setdefault((static_key(plan["problem"]), config_key(entry["config"])),
-                            (entry["config"], plan["problem"].to_dict(), device.to_dict()))
+            jobs.setdefault(
+                (static_key(plan["problem"]), config_key(entry["config"])),
+                (entry["config"], plan["problem"].to_dict(), device.to_dict()),
+            )
     workers = max(1, min(os.cpu_count() or 1, len(jobs)))
     log(f"compiling {len(jobs)} distinct configs on {workers} processes (cache {os.environ['FLASHTUNE_CACHE_DIR']})")
     builds: dict[tuple, dict] = {}
@@ -204,7 +243,7 @@ def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> Non
         for future in done:
             try:
                 builds[futures[future]] = future.result()
-            except Exception as e:  # noqa: BLE001 - a dead pool process
+            except Exception as e:
                 builds[futures[future]] = {"ok": False, "detail": f"compile process failed: {e}"}
         for future in pending:
             future.cancel()
@@ -216,8 +255,13 @@ def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> Non
         for entry in plan["configs"]:
             entry["build"] = builds[(static_key(plan["problem"]), config_key(entry["config"]))]
             failed += not entry["build"]["ok"]
-    spills = sum(1 for p in plans for e in p["configs"] if e["build"].get("ok") and
-                 (e["build"]["resources"]["spill_store_bytes"] or e["build"]["resources"]["spill_load_bytes"]))
+    spills = sum(
+        1
+        for p in plans
+        for e in p["configs"]
+        if e["build"].get("ok")
+        and (e["build"]["resources"]["spill_store_bytes"] or e["build"]["resources"]["spill_load_bytes"])
+    )
     log(f"compiled: {len(jobs)} distinct, {failed} failed (counted per shape), {spills} spilling (per shape)")
 
 
@@ -235,7 +279,7 @@ def device_info() -> dict:
         info["torch"] = torch.__version__
         info["cudnn"] = torch.backends.cudnn.version()
         info["torch_cuda"] = torch.version.cuda
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         info["torch"] = f"unavailable: {e}"
     return info
 
@@ -251,8 +295,12 @@ def _reference(problem: Problem, q, k, v, scale: float, seed: int) -> dict:
     p = problem
     rows = check_rows(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, np.random.default_rng(seed))
     ref_o, ref_lse = reference_problem(q, k, v, p, scale, rows=rows)
-    return {"rows": None if rows is None else cupy.asarray(rows), "o": ref_o, "lse": ref_lse,
-            "o_norm": cupy.sqrt((ref_o * ref_o).sum(axis=(1, 3)))}
+    return {
+        "rows": None if rows is None else cupy.asarray(rows),
+        "o": ref_o,
+        "lse": ref_lse,
+        "o_norm": cupy.sqrt((ref_o * ref_o).sum(axis=(1, 3))),
+    }
 
 
 def _check_o(o_f32) -> tuple[str | None, float]:
@@ -298,10 +346,17 @@ def setup_shape(arg: tuple) -> dict:
     start = time.perf_counter()
     q, k, v = random_inputs(p, seed)
     scale = 1.0 / math.sqrt(p.head_dim)
-    _G.update(problem=p, q=q, k=k, v=v, scale=scale, runners={},
-              o=cupy.empty(q.shape, dtype=storage_dtype(p.dtype)),
-              lse=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
-              flush=cupy.empty(64 * 1024 * 1024, dtype=cupy.int32))  # 256 MB > the 60 MB L2
+    _G.update(
+        problem=p,
+        q=q,
+        k=k,
+        v=v,
+        scale=scale,
+        runners={},
+        o=cupy.empty(q.shape, dtype=storage_dtype(p.dtype)),
+        lse=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
+        flush=cupy.empty(64 * 1024 * 1024, dtype=cupy.int32),
+    )  # 256 MB > the 60 MB L2
     _G["ref"] = _reference(p, q, k, v, scale, seed)
     cupy.cuda.Device().synchronize()
     rows = p.seqlen_q if _G["ref"]["rows"] is None else len(_G["ref"]["rows"])
@@ -317,14 +372,23 @@ def add_kernel(arg: dict) -> dict:
     from tuner.gpu._tensors import poison, to_float32
 
     p = _G["problem"]
-    kernel = load_kernel(arg["cubin"], arg["entry"], abi="sm90_tma", grid=tuple(arg["grid"]), threads=arg["threads"],
-                         smem_bytes=arg["smem_bytes"], config=arg["config"], abi_params=arg["abi"])
+    kernel = load_kernel(
+        arg["cubin"],
+        arg["entry"],
+        abi="sm90_tma",
+        grid=tuple(arg["grid"]),
+        threads=arg["threads"],
+        smem_bytes=arg["smem_bytes"],
+        config=arg["config"],
+        abi_params=arg["abi"],
+    )
     args = kernel.args(_G["q"], _G["k"], _G["v"], _G["o"], _G["lse"], _G["scale"])
     out: dict = {}
     try:
         out["ctas_per_sm_occupancy"] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            kernel.function.ptr, arg["threads"], arg["smem_bytes"])
-    except Exception as e:  # noqa: BLE001 - e.g. cluster kernels
+            kernel.function.ptr, arg["threads"], arg["smem_bytes"]
+        )
+    except Exception as e:
         out["ctas_per_sm_occupancy"] = f"n/a ({type(e).__name__})"
     if arg.get("check", True):
         poison(_G["o"], p.dtype)
@@ -360,9 +424,11 @@ def add_peers(_: object = None) -> dict:
 
     q, k, v = (as_torch(x) for x in (_G["q"], _G["k"], _G["v"]))
     for name, backend in PEERS.items():
+
         def run(backend=backend):
             with sdpa_kernel(getattr(SDPBackend, backend)):
                 return sdpa(q, k, v, is_causal=p.causal, scale=_G["scale"])
+
         try:
             result = run()
             torch.cuda.synchronize()
@@ -370,7 +436,7 @@ def add_peers(_: object = None) -> dict:
             out[name] = {"failure": failure, "rel_error": rel}
             if not failure:
                 _G["runners"][name] = run
-        except Exception as e:  # noqa: BLE001 - a backend that refuses the shape
+        except Exception as e:
             out[name] = {"failure": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
     return out
 
@@ -455,9 +521,17 @@ HANDLER: type[Sm90Bench] = Sm90Bench  # the GPU worker's handler
 # ---- 3. GPU stage, parent side -----------------------------------------------------------------
 def kernel_arg(space: Space, device: DeviceLimits, problem: Problem, entry: dict, check: bool) -> dict:
     geom = space.launch(entry["config"], problem, device)
-    return {"name": entry["name"], "cubin": entry["build"]["cubin"], "entry": entry["build"]["entry"],
-            "grid": list(geom.grid), "threads": geom.threads, "smem_bytes": geom.smem_bytes, "abi": geom.abi,
-            "config": entry["config"], "check": check}
+    return {
+        "name": entry["name"],
+        "cubin": entry["build"]["cubin"],
+        "entry": entry["build"]["entry"],
+        "grid": list(geom.grid),
+        "threads": geom.threads,
+        "smem_bytes": geom.smem_bytes,
+        "abi": geom.abi,
+        "config": entry["config"],
+        "check": check,
+    }
 
 
 def failure_kind(error: Exception) -> str:
@@ -484,8 +558,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
         for ok in passed:
             worker.call(HANDLER.add_kernel, kernel_arg(space, device, problem, ok, False), timeout_s=CHECK_TIMEOUT_S)
         if not passed:
-            log(f"  inputs and reference ready ({info['reference_s']} s, {info['rows_checked']} rows per head "
-                "checked)")
+            log(f"  inputs and reference ready ({info['reference_s']} s, {info['rows_checked']} rows per head checked)")
 
     set_up([])
     passed: list[dict] = []
@@ -501,8 +574,9 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
             entry.update(status="skipped", detail="out of time")
             continue
         try:
-            result = worker.call(HANDLER.add_kernel, kernel_arg(space, device, problem, entry, True),
-                                 timeout_s=CHECK_TIMEOUT_S)
+            result = worker.call(
+                HANDLER.add_kernel, kernel_arg(space, device, problem, entry, True), timeout_s=CHECK_TIMEOUT_S
+            )
         except WorkerError as e:  # the worker may be gone: set the shape up again
             entry.update(status=failure_kind(e), detail=str(e)[:300])
             log(f"  {entry['name']}: {entry['status'].upper()}: {entry['detail'][:150]}")
@@ -528,7 +602,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
     names = [e["name"] for e in passed] + [n for n, peer in plan["peers"].items() if not peer.get("failure")]
     rounds: dict[str, list[float]] = {n: [] for n in names}
     for r in range(ROUNDS):
-        order = names[r % max(1, len(names)):] + names[: r % max(1, len(names))]  # rotate: no fixed position
+        order = names[r % max(1, len(names)) :] + names[: r % max(1, len(names))]  # rotate: no fixed position
         try:
             got = worker.call(HANDLER.time_round, order, timeout_s=90)
         except WorkerError as e:
@@ -556,17 +630,24 @@ def ncu_subject_run(spec_path: str) -> None:
     from tuner.gpu._tensors import random_inputs, storage_dtype
 
     q, k, v = random_inputs(problem, 7)
-    _G.update(problem=problem, q=q, k=k, v=v, scale=1.0 / math.sqrt(problem.head_dim), runners={},
-              o=cupy.empty(q.shape, dtype=storage_dtype(problem.dtype)),
-              lse=cupy.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=cupy.float32))
+    _G.update(
+        problem=problem,
+        q=q,
+        k=k,
+        v=v,
+        scale=1.0 / math.sqrt(problem.head_dim),
+        runners={},
+        o=cupy.empty(q.shape, dtype=storage_dtype(problem.dtype)),
+        lse=cupy.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=cupy.float32),
+    )
     for subject in spec["subjects"]:
         try:
             if subject["kind"] == "flashtune":
                 add_kernel({**subject["arg"], "check": False, "name": subject["label"]})
             else:
+                import torch
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 from torch.nn.functional import scaled_dot_product_attention as sdpa
-                import torch
 
                 def as_torch(x):
                     t = torch.from_dlpack(x)
@@ -578,6 +659,7 @@ def ncu_subject_run(spec_path: str) -> None:
                 def run(tq=tq, tk=tk, tv=tv, backend=backend):
                     with sdpa_kernel(backend):
                         sdpa(tq, tk, tv, is_causal=problem.causal, scale=_G["scale"])
+
                 _G["runners"][subject["label"]] = run
             run = _G["runners"][subject["label"]]
             run()
@@ -588,7 +670,7 @@ def ncu_subject_run(spec_path: str) -> None:
             run()
             cupy.cuda.Device().synchronize()
             cupy.cuda.runtime.profilerStop()
-        except Exception as e:  # noqa: BLE001 - the next subject still runs
+        except Exception as e:
             print(f"NCU-SUBJECT-FAILED {subject['label']}: {type(e).__name__}: {e}", flush=True)
 
 
@@ -603,20 +685,31 @@ def tensor_metrics(ncu: str) -> list[str]:
 
 
 def ncu_command(ncu: str, spec_path: str, metrics: list[str], launches: int) -> list[str]:
-    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
-           "--launch-count", str(launches)]
+    cmd = [
+        ncu,
+        "--clock-control",
+        "none",
+        "--target-processes",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--launch-count",
+        str(launches),
+    ]
     for section in NCU_SECTIONS:
         cmd += ["--section", section]
     if metrics:
         cmd += ["--metrics", ",".join(metrics)]
-    return cmd + [sys.executable, "-m", "tests.gpu.bench_sm90", "--ncu-run", spec_path]
+    return [*cmd, sys.executable, "-m", "tests.gpu.bench_sm90", "--ncu-run", spec_path]
 
 
-KEY_LINE = re.compile(r"NCU-SUBJECT|==ERROR==|==WARNING==|flashtune_fwd|sdpa|fmha|fprop|cudnn|Duration|"
-                      r"Registers Per Thread|Dynamic Shared Memory Per Block|Grid Size|Block Size|Waves Per SM|"
-                      r"Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|"
-                      r"Memory Throughput|pipe_tensor|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued",
-                      re.IGNORECASE)
+KEY_LINE = re.compile(
+    r"NCU-SUBJECT|==ERROR==|==WARNING==|flashtune_fwd|sdpa|fmha|fprop|cudnn|Duration|"
+    r"Registers Per Thread|Dynamic Shared Memory Per Block|Grid Size|Block Size|Waves Per SM|"
+    r"Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|"
+    r"Memory Throughput|pipe_tensor|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued",
+    re.IGNORECASE,
+)
 
 
 def key_lines(text: str) -> list[str]:
@@ -645,8 +738,15 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
         ours = [e for e in plan["configs"] if e.get("status") == "ok" and e.get("tflops")]
         default = next((e for e in ours if e["name"] == "default"), None)
         best = max((e for e in ours if e["name"] != "default"), key=lambda e: e["tflops"], default=None)
-        subjects = [{"label": f"flashtune:{e['name']}", "kind": "flashtune",
-                     "arg": kernel_arg(space, device, plan["problem"], e, False)} for e in (default, best) if e]
+        subjects = [
+            {
+                "label": f"flashtune:{e['name']}",
+                "kind": "flashtune",
+                "arg": kernel_arg(space, device, plan["problem"], e, False),
+            }
+            for e in (default, best)
+            if e
+        ]
         if not plan.get("peers", {}).get("sdpa_cudnn", {}).get("failure"):
             subjects.append({"label": "cudnn", "kind": "sdpa", "backend": PEERS["sdpa_cudnn"]})
         spec = out / f".ncu_spec_{plan['slug']}.json"
@@ -655,10 +755,18 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
         path = out / f"ncu_{plan['slug']}.txt"
         start = time.perf_counter()
         try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=min(75.0, left - 10), cwd=REPO,
-                                 env={**os.environ, "PYTHONPATH": str(REPO)})
-            text = (f"$ {' '.join(cmd)}\n# subjects, in launch order: {', '.join(s['label'] for s in subjects)}\n"
-                    f"# exit code {run.returncode}\n{run.stdout}\n{run.stderr}")
+            run = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=min(75.0, left - 10),
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+            text = (
+                f"$ {' '.join(cmd)}\n# subjects, in launch order: {', '.join(s['label'] for s in subjects)}\n"
+                f"# exit code {run.returncode}\n{run.stdout}\n{run.stderr}"
+            )
             status = "ok" if run.returncode == 0 else f"exit {run.returncode}"
         except subprocess.TimeoutExpired as e:
             text = f"$ {' '.join(cmd)}\n# timed out\n{_text(e.stdout)}\n{_text(e.stderr)}"
@@ -672,8 +780,15 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
         log(f"ncu {plan['slug']}: {status} in {seconds} s -> {path.name}; key lines:")
         for line in key_lines(text):
             print("    " + line.strip()[:160])
-        records.append({"shape": plan["slug"], "file": path.name, "status": status, "seconds": seconds,
-                        "subjects": [s["label"] for s in subjects]})
+        records.append(
+            {
+                "shape": plan["slug"],
+                "file": path.name,
+                "status": status,
+                "seconds": seconds,
+                "subjects": [s["label"] for s in subjects],
+            }
+        )
     return records
 
 
@@ -681,8 +796,10 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
 def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> str:
     """One row per config and peer, fastest first. With `top`: per shape only the default, the `top`
     fastest, every config that failed (wrong, hang, compile error) and the peers."""
-    lines = [f"{'shape':<30} {'config':<44} {'TFLOPS':>7} {'xcuDNN':>7} {'xdef':>6} {'rel_err':>8} "
-             f"{'regs':>4} {'occ':>3} status"]
+    lines = [
+        f"{'shape':<30} {'config':<44} {'TFLOPS':>7} {'xcuDNN':>7} {'xdef':>6} {'rel_err':>8} "
+        f"{'regs':>4} {'occ':>3} status"
+    ]
     for plan in plans:
         peers = plan.get("peers", {})
         cudnn = peers.get("sdpa_cudnn", {}).get("tflops")
@@ -700,12 +817,18 @@ def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> st
             status = e.get("status", "ok" if tf else (e.get("failure") or "")[:40])
             status = status.upper() if status in ("wrong", "hang", "crash") else status
             rel = e.get("rel_error")
-            cells = (f"{tf:.0f}" if tf else "-", f"{tf / cudnn:.3f}" if tf and cudnn else "-",
-                     f"{tf / default:.3f}" if tf and default else "-",
-                     f"{rel:.1e}" if isinstance(rel, float) and math.isfinite(rel) else "-",
-                     f"{res.get('registers', '')}{spill}", str(occ) if isinstance(occ, int) else "")
-            lines.append(f"{plan['slug']:<30} {label[:44]:<44} {cells[0]:>7} {cells[1]:>7} {cells[2]:>6} "
-                         f"{cells[3]:>8} {cells[4]:>4} {cells[5]:>3} {status if status != 'ok' else ''}")
+            cells = (
+                f"{tf:.0f}" if tf else "-",
+                f"{tf / cudnn:.3f}" if tf and cudnn else "-",
+                f"{tf / default:.3f}" if tf and default else "-",
+                f"{rel:.1e}" if isinstance(rel, float) and math.isfinite(rel) else "-",
+                f"{res.get('registers', '')}{spill}",
+                str(occ) if isinstance(occ, int) else "",
+            )
+            lines.append(
+                f"{plan['slug']:<30} {label[:44]:<44} {cells[0]:>7} {cells[1]:>7} {cells[2]:>6} "
+                f"{cells[3]:>8} {cells[4]:>4} {cells[5]:>3} {status if status != 'ok' else ''}"
+            )
         for s in plan.get("skipped", []):
             if s["status"] == "invalid":
                 lines.append(f"{plan['slug']:<30} {s['name']:<44} invalid: {s['detail'][:80]}")
@@ -720,9 +843,18 @@ def to_json(plans: list[dict], **extra) -> str:
     def clean(e: dict) -> dict:
         return {k: v for k, v in e.items() if k not in ("arg",)}
 
-    shapes = [{"slug": p["slug"], "problem": p["problem"].to_dict(), "flops": p["problem"].flops,
-               "configs": [clean(e) for e in p["configs"]], "skipped": p.get("skipped", []),
-               "peers": p.get("peers", {}), "setup": p.get("setup")} for p in plans]
+    shapes = [
+        {
+            "slug": p["slug"],
+            "problem": p["problem"].to_dict(),
+            "flops": p["problem"].flops,
+            "configs": [clean(e) for e in p["configs"]],
+            "skipped": p.get("skipped", []),
+            "peers": p.get("peers", {}),
+            "setup": p.get("setup"),
+        }
+        for p in plans
+    ]
     return json.dumps({"shapes": shapes, **extra}, indent=1, default=str)
 
 
@@ -756,14 +888,18 @@ def main(argv: list[str] | None = None) -> int:
             log(f"GPU worker failed to start: {e}")
             return 1
         device = DeviceLimits.from_info(info)
-        log(f"GPU {info.get('name')} sm_{info.get('arch')} x{info.get('num_sms')}, smem/SM {device.smem_per_sm}, "
+        log(
+            f"GPU {info.get('name')} sm_{info.get('arch')} x{info.get('num_sms')}, smem/SM {device.smem_per_sm}, "
             f"torch {info.get('torch')} cuDNN {info.get('cudnn')}, cupy {info.get('cupy')}, "
-            f"driver {info.get('driver')}")
+            f"driver {info.get('driver')}"
+        )
         hung: list[dict] = []
         for plan in plans:
             plan["configs"], plan["skipped"] = plan_shape(space, device, plan["problem"], args.quick)
-            log(f"plan {plan['slug']}: {len(plan['configs'])} configs; infeasible: "
-                + ", ".join(s["name"] for s in plan["skipped"]))
+            log(
+                f"plan {plan['slug']}: {len(plan['configs'])} configs; infeasible: "
+                + ", ".join(s["name"] for s in plan["skipped"])
+            )
         compile_all(plans, device, budget_s=min(170.0, time_left() - 150))
         for i, plan in enumerate(plans):
             reserve = 0 if args.no_ncu else NCU_RESERVE_S
@@ -794,8 +930,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_sm90_table.txt").write_text(table(plans, gemm) + "\n")
     text = table(plans, gemm, top=6)
     json_path.write_text(to_json(plans, gpu=info, gemm=gemm, ncu=ncu_records, elapsed_s=time.perf_counter() - _T0))
-    log(f"wrote {json_path.name}, bench_sm90_table.txt (every config) and {len(ncu_records)} ncu records; "
-        "per shape the default, the 6 fastest, failures and peers:")
+    log(
+        f"wrote {json_path.name}, bench_sm90_table.txt (every config) and {len(ncu_records)} ncu records; "
+        "per shape the default, the 6 fastest, failures and peers:"
+    )
     print(text, flush=True)
     return 0
 

@@ -34,28 +34,72 @@ SPACE = REPO / "tests" / "data" / "sm90_small.toml"
 
 #: name -> problem flags of flashtune tune
 SHAPES = {
-    "causal-n4096": ["--dtype", "fp16", "--head-dim", "128", "--causal", "--batch", "4", "--seqlen", "4096",
-                     "--heads", "16"],  # the shape of tests/data/h200_sm90_small_grid.db
-    "causal-n512": ["--dtype", "fp16", "--head-dim", "128", "--causal", "--batch", "32", "--seqlen", "512",
-                    "--heads", "16"],
+    "causal-n4096": [
+        "--dtype",
+        "fp16",
+        "--head-dim",
+        "128",
+        "--causal",
+        "--batch",
+        "4",
+        "--seqlen",
+        "4096",
+        "--heads",
+        "16",
+    ],  # the shape of tests/data/h200_sm90_small_grid.db
+    "causal-n512": [
+        "--dtype",
+        "fp16",
+        "--head-dim",
+        "128",
+        "--causal",
+        "--batch",
+        "32",
+        "--seqlen",
+        "512",
+        "--heads",
+        "16",
+    ],
     "bf16-full-n2048": ["--dtype", "bf16", "--head-dim", "128", "--batch", "8", "--seqlen", "2048", "--heads", "16"],
 }
 
-_THROUGHPUT = re.compile(r"throughput: (\d+) configs in (\d+) s = ([\d.]+)/s on (\d+) GPUs?, GPU busy (\d+)% "
-                         r"\((\d+)% while measuring\); per GPU: measuring (\d+) s, waiting for compiles (\d+) s "
-                         r"\(preparing \d+ s\); the loop: search (\d+) s, storage (\d+) s")
+_THROUGHPUT = re.compile(
+    r"throughput: (\d+) configs in (\d+) s = ([\d.]+)/s on (\d+) GPUs?, GPU busy (\d+)% "
+    r"\((\d+)% while measuring\); per GPU: measuring (\d+) s, waiting for compiles (\d+) s "
+    r"\(preparing \d+ s\); the loop: search (\d+) s, storage (\d+) s"
+)
 
 
 def sweep(name: str, out: Path, gpus: str, workers: int, lanes: int = 1, trials: int = 100_000) -> dict:
-    tag = gpus.replace(',', '_') + ('' if lanes == 1 else f'-lanes-{lanes}')
+    tag = gpus.replace(",", "_") + ("" if lanes == 1 else f"-lanes-{lanes}")
     cache = Path(f"/tmp/flashtune-bench-cache-{name}-{tag}")
     shutil.rmtree(cache, ignore_errors=True)
     db = out / f"{name}{'' if tag == '0' else '-gpus-' + tag}.db"
     db.unlink(missing_ok=True)
     entry = ["tuner"] if lanes == 1 else ["tests.gpu.lanes_on_one_gpu", str(lanes)]
-    cmd = [sys.executable, "-m", *entry, "tune", "--family", "sm90_small", "--sampler", "grid", "--trials",
-           str(trials), "--compile-workers", str(workers), "--top-k", "0", "--gpus", gpus, "--storage",
-           f"sqlite:///{db}", "--study", f"grid-{name}", *SHAPES[name]]
+    cmd = [
+        sys.executable,
+        "-m",
+        *entry,
+        "tune",
+        "--family",
+        "sm90_small",
+        "--sampler",
+        "grid",
+        "--trials",
+        str(trials),
+        "--compile-workers",
+        str(workers),
+        "--top-k",
+        "0",
+        "--gpus",
+        gpus,
+        "--storage",
+        f"sqlite:///{db}",
+        "--study",
+        f"grid-{name}",
+        *SHAPES[name],
+    ]
     env = {**os.environ, "FLASHTUNE_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     proc = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True)
@@ -64,30 +108,59 @@ def sweep(name: str, out: Path, gpus: str, workers: int, lanes: int = 1, trials:
     log.write_text(proc.stdout + proc.stderr)
     runs = [m.groups() for m in _THROUGHPUT.finditer(proc.stderr)]
     evaluated = sum(int(r[0]) for r in runs)
-    row = {"shape": name, "gpus": gpus, "lanes": lanes, "compile_workers": workers, "exit": proc.returncode, "wall_s": round(wall, 1),
-           "evaluated": evaluated, "configs_per_s": round(evaluated / wall, 2) if wall else 0.0,
-           "per_process": [{"evaluated": int(r[0]), "wall_s": int(r[1]), "configs_per_s": float(r[2]),
-                            "gpus": int(r[3]), "gpu_busy": int(r[4]) / 100, "gpu_busy_measuring": int(r[5]) / 100,
-                            "measure_s": int(r[6]), "compile_wait_s": int(r[7]), "search_s": int(r[8]),
-                            "storage_s": int(r[9])}
-                           for r in runs], "storage": str(db)}
-    print(f"[{time.strftime('%H:%M:%S')}] {name} on GPUs {gpus} ({lanes} lane(s) each): exit {proc.returncode}, {evaluated} configs in "
-          f"{wall:.0f} s", flush=True)
+    row = {
+        "shape": name,
+        "gpus": gpus,
+        "lanes": lanes,
+        "compile_workers": workers,
+        "exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "evaluated": evaluated,
+        "configs_per_s": round(evaluated / wall, 2) if wall else 0.0,
+        "per_process": [
+            {
+                "evaluated": int(r[0]),
+                "wall_s": int(r[1]),
+                "configs_per_s": float(r[2]),
+                "gpus": int(r[3]),
+                "gpu_busy": int(r[4]) / 100,
+                "gpu_busy_measuring": int(r[5]) / 100,
+                "measure_s": int(r[6]),
+                "compile_wait_s": int(r[7]),
+                "search_s": int(r[8]),
+                "storage_s": int(r[9]),
+            }
+            for r in runs
+        ],
+        "storage": str(db),
+    }
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {name} on GPUs {gpus} ({lanes} lane(s) each): exit {proc.returncode}, {evaluated} configs in "
+        f"{wall:.0f} s",
+        flush=True,
+    )
     if proc.returncode != 0:
         print(proc.stderr[-3000:], flush=True)
     return row
 
 
 def _table(rows: list[dict]) -> None:
-    print(f"{'shape':<18} {'GPUs':>5} {'lanes':>5} {'workers':>7} {'configs':>7} {'wall s':>7} {'configs/s':>9}  "
-          "per process: configs/s, GPU busy (while measuring), per GPU: measuring s, compile wait s; search s, "
-          "storage s")
+    print(
+        f"{'shape':<18} {'GPUs':>5} {'lanes':>5} {'workers':>7} {'configs':>7} {'wall s':>7} {'configs/s':>9}  "
+        "per process: configs/s, GPU busy (while measuring), per GPU: measuring s, compile wait s; search s, "
+        "storage s"
+    )
     for r in rows:
-        procs = "; ".join(f"{p['configs_per_s']:.2f}, {100 * p['gpu_busy']:.0f}% "
-                          f"({100 * p['gpu_busy_measuring']:.0f}%), {p['measure_s']}, {p['compile_wait_s']}; "
-                          f"{p['search_s']}, {p['storage_s']}" for p in r["per_process"])
-        print(f"{r['shape']:<18} {r['gpus']:>5} {r['lanes']:>5} {r['compile_workers']:>7} {r['evaluated']:>7} "
-              f"{r['wall_s']:>7.0f} {r['configs_per_s']:>9.2f}  {procs}")
+        procs = "; ".join(
+            f"{p['configs_per_s']:.2f}, {100 * p['gpu_busy']:.0f}% "
+            f"({100 * p['gpu_busy_measuring']:.0f}%), {p['measure_s']}, {p['compile_wait_s']}; "
+            f"{p['search_s']}, {p['storage_s']}"
+            for p in r["per_process"]
+        )
+        print(
+            f"{r['shape']:<18} {r['gpus']:>5} {r['lanes']:>5} {r['compile_workers']:>7} {r['evaluated']:>7} "
+            f"{r['wall_s']:>7.0f} {r['configs_per_s']:>9.2f}  {procs}"
+        )
 
 
 def _gpu_count() -> int:
@@ -107,8 +180,11 @@ def scaling(shape: str, out: Path, lanes: int) -> list[dict]:
         raise SystemExit("--scaling needs a host of two or more GPUs, or --lanes 2 or more")
     cores = len(os.sched_getaffinity(0))
     share, full = max(1, cores // n - 1), max(1, cores - 1)
-    print(f"{cores} cores, {n} {'lanes on GPU 0' if lanes > 1 else 'GPUs'}: one with {share} compile workers, "
-          f"all with {full}", flush=True)
+    print(
+        f"{cores} cores, {n} {'lanes on GPU 0' if lanes > 1 else 'GPUs'}: one with {share} compile workers, "
+        f"all with {full}",
+        flush=True,
+    )
     if sweep(shape, out / "warm-up", "0", share, trials=3)["exit"] != 0:  # CuPy's kernels, once per machine
         raise SystemExit("--scaling: the warm-up study failed (its log is under warm-up/)")
     one = sweep(shape, out / "one", "0", share)
@@ -125,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", type=int, default=1, help="measuring lanes, all on GPU 0 (needs --gpus 0)")
     parser.add_argument("--scaling", action="store_true", help="one GPU against all (see above)")
     args = parser.parse_args(argv)
-    if args.lanes < 1 or args.lanes > 1 and args.gpus != "0":
+    if args.lanes < 1 or (args.lanes > 1 and args.gpus != "0"):
         parser.error("--lanes takes a positive count, and more than 1 only with --gpus 0")
     if args.scaling and len(args.shape or []) > 1:
         parser.error("--scaling measures one shape")
@@ -150,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.scaling:
         one, many = rows
         tuner = [sum(p["configs_per_s"] for p in r["per_process"]) for r in rows]
-        print(f"scaling, all against one: {many['configs_per_s'] / max(one['configs_per_s'], 1e-9):.2f}x end to end, "
-              f"{tuner[1] / max(tuner[0], 1e-9):.2f}x as the tuner reports it (target: 1.8x)")
+        print(
+            f"scaling, all against one: {many['configs_per_s'] / max(one['configs_per_s'], 1e-9):.2f}x end to end, "
+            f"{tuner[1] / max(tuner[0], 1e-9):.2f}x as the tuner reports it (target: 1.8x)"
+        )
     return 0 if all(r["exit"] == 0 for r in rows) else 1
 
 

@@ -13,12 +13,12 @@ import json
 import multiprocessing as mp
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from tuner.devices import DeviceLimits
 from tuner.compile import compile_outcome
+from tuner.devices import DeviceLimits
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _module_seconds: dict[str, float] = collections.defaultdict(float)
@@ -31,7 +31,7 @@ def no_gpu_reason() -> str | None:
         import cupy
 
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # noqa: BLE001 - any failure means: no usable GPU here
+    except Exception as e:
         return f"no usable CUDA GPU ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return None if count else "no CUDA GPU on this machine"
 
@@ -67,11 +67,20 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"{total:8.1f} s  in all")
     log = os.environ.get("FLASHTUNE_TEST_LOG")
     if log:
-        date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        date = datetime.now(UTC).isoformat(timespec="seconds")
         with open(log, "a", encoding="utf-8") as f:
             for name, seconds in _module_seconds.items():
-                f.write(json.dumps({"date": date, "module": f"tests/gpu/{name}", "seconds": round(seconds, 2),
-                                    "tests": _module_tests[name]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "date": date,
+                            "module": f"tests/gpu/{name}",
+                            "seconds": round(seconds, 2),
+                            "tests": _module_tests[name],
+                        }
+                    )
+                    + "\n"
+                )
 
 
 @pytest.fixture(scope="session")
@@ -107,8 +116,9 @@ def compile_many(jobs: list[tuple[object, dict, object]], device: DeviceLimits) 
         return []
     workers = min(compile_workers(), len(jobs))
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(compile_outcome, str(space.path), config, problem, device)
-                   for space, config, problem in jobs]
+        futures = [
+            pool.submit(compile_outcome, str(space.path), config, problem, device) for space, config, problem in jobs
+        ]
         return [f.result() for f in futures]
 
 

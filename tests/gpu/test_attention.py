@@ -116,7 +116,8 @@ def test_torch_tensors_zero_copy(family, dtype, causal):
 
     def bits(t):
         return cupy.from_dlpack(t.contiguous() if dtype == "fp16" else t.contiguous().view(torch.int16)).view(
-            cupy.float16 if dtype == "fp16" else cupy.uint16)
+            cupy.float16 if dtype == "fp16" else cupy.uint16
+        )
 
     check(problem, bits(q), bits(k), bits(v), bits(o), cupy.from_dlpack(lse))
 
@@ -127,8 +128,8 @@ def test_exported_header_config(family, device, tmp_path):
 
     from tests.fake_studies import make_study
     from tuner.export import render_header
-    from tuner.study import choose
     from tuner.gpu._tensors import random_inputs
+    from tuner.study import choose
 
     problem = _problem(SHAPES[0], "fp16", True)
     study = make_study(f"sqlite:///{tmp_path}/s.db", "gpu-export", family, problem, n_trials=12, failures=False)
@@ -203,13 +204,14 @@ def test_torch_inputs_copied_on_the_callers_stream(family):
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         padded = torch.randn(b, n, h, d + 8, device="cuda", dtype=torch.bfloat16)
-        q = padded[..., 1:d + 1]  # last dimension contiguous, base 2 bytes off
+        q = padded[..., 1 : d + 1]  # last dimension contiguous, base 2 bytes off
         k = torch.randn(b, problem.seqlen_k, problem.heads_kv, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         o = tuner.attention(q, k, v, causal=True, family=family)
     stream.synchronize()
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2).repeat_interleave(h // problem.heads_kv, 1),
+        q.float().transpose(1, 2),
+        k.float().transpose(1, 2).repeat_interleave(h // problem.heads_kv, 1),
         v.float().transpose(1, 2).repeat_interleave(h // problem.heads_kv, 1),
         attn_mask=torch.ones(n, problem.seqlen_k, device="cuda", dtype=torch.bool).tril(problem.seqlen_k - n),
     ).transpose(1, 2)
@@ -225,8 +227,12 @@ def torch_reference(q, k, v, causal: bool, scale: float | None = None):
     n, nk, h, hk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     mask = torch.ones(n, nk, device=q.device, dtype=torch.bool).tril(nk - n) if causal else None
     return torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2).repeat_interleave(h // hk, 1),
-        v.float().transpose(1, 2).repeat_interleave(h // hk, 1), attn_mask=mask, scale=scale).transpose(1, 2)
+        q.float().transpose(1, 2),
+        k.float().transpose(1, 2).repeat_interleave(h // hk, 1),
+        v.float().transpose(1, 2).repeat_interleave(h // hk, 1),
+        attn_mask=mask,
+        scale=scale,
+    ).transpose(1, 2)
 
 
 def assert_close_to_reference(o, q, k, v, causal, scale=None) -> None:
@@ -246,8 +252,13 @@ def test_cuda_graph_capture_replays_calls_on_new_inputs(family):
 
     space = load_space(family)
     shapes = [s for s in SHAPES if not space.supports(_problem(s, "bf16", True))]
-    static = [tuple(torch.randn(b, n if i == 0 else nk, hq if i == 0 else hk, d, device="cuda", dtype=torch.bfloat16)
-                    for i in range(3)) for b, n, nk, hq, hk, d in shapes]
+    static = [
+        tuple(
+            torch.randn(b, n if i == 0 else nk, hq if i == 0 else hk, d, device="cuda", dtype=torch.bfloat16)
+            for i in range(3)
+        )
+        for b, n, nk, hq, hk, d in shapes
+    ]
 
     def calls():
         outs = []
@@ -282,9 +293,8 @@ def test_a_first_call_inside_a_capture_is_refused_and_the_context_survives(famil
 
     q, k, v = (torch.randn(1, 72, 2, 128, device="cuda", dtype=torch.float16) for _ in range(3))  # a new shape
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(AttentionError, match="warm-up"):
-        with torch.cuda.graph(graph):
-            tuner.attention(q, k, v, family=family)
+    with pytest.raises(AttentionError, match="warm-up"), torch.cuda.graph(graph):
+        tuner.attention(q, k, v, family=family)
     torch.cuda.synchronize()
     o = tuner.attention(q, k, v, family=family)
     torch.cuda.synchronize()
@@ -343,8 +353,8 @@ def test_config_auto_runs_the_tuned_config_of_the_shape(family, tmp_path):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     from tests.fake_studies import make_study
     from tuner.export import build_dispatch, render_dispatch_json
-    from tuner.study import choose
     from tuner.serve import load_tuned
+    from tuner.study import choose
 
     problem = _problem(SHAPES[0], "fp16", True)
     study = make_study(f"sqlite:///{tmp_path}/s.db", "gpu-auto", family, problem, n_trials=12, failures=False)

@@ -48,8 +48,18 @@ class FakeSm90(bench.Sm90Bench):
         return False
 
     def device_info(self):
-        return {"name": "Fake H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448,
-                "smem_per_sm": 233472, "regs_per_sm": 65536, "cupy": "0", "driver": "0", "torch": "0", "cudnn": 0}
+        return {
+            "name": "Fake H200",
+            "arch": 90,
+            "num_sms": 132,
+            "smem_per_block_optin": 232448,
+            "smem_per_sm": 233472,
+            "regs_per_sm": 65536,
+            "cupy": "0",
+            "driver": "0",
+            "torch": "0",
+            "cudnn": 0,
+        }
 
     def setup_shape(self, arg):
         self.runners = set()
@@ -63,16 +73,23 @@ class FakeSm90(bench.Sm90Bench):
         if arg["name"] == "one_per_block" and arg["check"]:
             return {"failure": "O relative error 1 > 0.002", "rel_error": 1.0, "lse_error": 0.0}
         self.runners.add(arg["name"])
-        return {"failure": None, "rel_error": 1e-4, "lse_error": 1e-6,
-                "ctas_per_sm_occupancy": arg["config"]["ctas_per_sm"]}
+        return {
+            "failure": None,
+            "rel_error": 1e-4,
+            "lse_error": 1e-6,
+            "ctas_per_sm_occupancy": arg["config"]["ctas_per_sm"],
+        }
 
     def add_peers(self):
         self.runners |= {"sdpa_cudnn"}
         return {"sdpa_cudnn": {"failure": None, "rel_error": 1e-4}, "sdpa_flash": {"failure": "RuntimeError: no"}}
 
     def time_round(self, names):
-        return {n: {"ms": 1.0 if n == "sdpa_cudnn" else 0.5 + 0.1 * len(n) / 10, "min_ms": 0.4, "reps": 5}
-                for n in names if n in self.runners}
+        return {
+            n: {"ms": 1.0 if n == "sdpa_cudnn" else 0.5 + 0.1 * len(n) / 10, "min_ms": 0.4, "reps": 5}
+            for n in names
+            if n in self.runners
+        }
 
     def time_gemm(self):
         return {"round_ms": [1.0] * 3, "ms": 1.0, "tflops": 1099.5}
@@ -85,11 +102,24 @@ def test_orchestration_reports_wrong_and_crashed_configs_and_times_the_rest(tmp_
     def fake_compile_all(plans, device, budget_s):
         for plan in plans:
             for e in plan["configs"]:
-                e["build"] = ({"ok": False, "detail": "CompileError: planted"} if e["name"] == "ctas2" and
-                              plan["problem"].head_dim == 64 else
-                              {"ok": True, "cubin": "x.cubin", "entry": "flashtune_fwd", "compile_s": 0, "cached": True,
-                               "resources": {"registers": 168, "spill_store_bytes": 0, "spill_load_bytes": 0,
-                                             "stack_bytes": 0, "static_smem_bytes": 0}})
+                e["build"] = (
+                    {"ok": False, "detail": "CompileError: planted"}
+                    if e["name"] == "ctas2" and plan["problem"].head_dim == 64
+                    else {
+                        "ok": True,
+                        "cubin": "x.cubin",
+                        "entry": "flashtune_fwd",
+                        "compile_s": 0,
+                        "cached": True,
+                        "resources": {
+                            "registers": 168,
+                            "spill_store_bytes": 0,
+                            "spill_load_bytes": 0,
+                            "stack_bytes": 0,
+                            "static_smem_bytes": 0,
+                        },
+                    }
+                )
 
     monkeypatch.setattr(bench, "compile_all", fake_compile_all)
     assert bench.main(["--out", str(tmp_path), "--quick", "--no-ncu"]) == 0
@@ -122,10 +152,16 @@ def test_ncu_command_and_key_lines():
     assert "--profile-from-start off" in text and "--metrics m.avg.pct_of_peak_sustained_active" in text
     assert all(f"--section {s}" in text for s in ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats"))
     assert cmd[-4:] == ["-m", "tests.gpu.bench_sm90", "--ncu-run", "/tmp/spec.json"]
-    sample = "NCU-SUBJECT flashtune:default\n  flashtune_fwd (132, 1, 1)x(384, 1, 1)\n    Duration  us  98.5\n" \
-             "    Some Other Metric  1\n    Achieved Occupancy   %   18.7\n"
-    assert bench.key_lines(sample) == ["NCU-SUBJECT flashtune:default", "  flashtune_fwd (132, 1, 1)x(384, 1, 1)",
-                                       "    Duration  us  98.5", "    Achieved Occupancy   %   18.7"]
+    sample = (
+        "NCU-SUBJECT flashtune:default\n  flashtune_fwd (132, 1, 1)x(384, 1, 1)\n    Duration  us  98.5\n"
+        "    Some Other Metric  1\n    Achieved Occupancy   %   18.7\n"
+    )
+    assert bench.key_lines(sample) == [
+        "NCU-SUBJECT flashtune:default",
+        "  flashtune_fwd (132, 1, 1)x(384, 1, 1)",
+        "    Duration  us  98.5",
+        "    Achieved Occupancy   %   18.7",
+    ]
 
 
 def test_the_module_needs_no_optuna():
@@ -133,9 +169,11 @@ def test_the_module_needs_no_optuna():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['optuna'] = None; sys.modules['sqlalchemy'] = None\n"
-            "import tests.gpu.bench_sm90, tuner.run, tuner.compile, tuner.gpu._measure, tuner.gpu._launch, "
-            "tuner.gpu._reference, tuner.gpu._tensors, tuner.gpu._info\n")
+    code = (
+        "import sys; sys.modules['optuna'] = None; sys.modules['sqlalchemy'] = None\n"
+        "import tests.gpu.bench_sm90, tuner.run, tuner.compile, tuner.gpu._measure, tuner.gpu._launch, "
+        "tuner.gpu._reference, tuner.gpu._tensors, tuner.gpu._info\n"
+    )
     pytest.importorskip("cupy")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=bench.REPO)
     assert run.returncode == 0, run.stderr

@@ -15,12 +15,10 @@ import random
 
 import pytest
 
-from tuner.gpu import MeasureSettings
+from tests.kernels.test_kernel_builds import REPRESENTATIVE
+from tuner.gpu import MeasureSettings, measure_job_for
 from tuner.problem import Problem
 from tuner.space import available_families, load_space
-from tuner.gpu import measure_job_for
-
-from tests.kernels.test_kernel_builds import REPRESENTATIVE
 
 from .conftest import compile_many
 
@@ -29,18 +27,33 @@ pytestmark = pytest.mark.gpu
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv); the last three have more query blocks than an H100/H200
 # has SMs, so that a persistent CTA (or cluster) loops over several work units; in the last one most
 # causal units see no key at all (seqlen_q - seqlen_k >= block_m), which once broke ping-pong's turns
-SHAPES = [(2, 1, 1, 2, 2), (1, 17, 17, 3, 3), (2, 257, 257, 4, 2), (1, 1000, 1000, 8, 2), (1, 100, 300, 2, 2),
-          (1, 300, 100, 2, 1), (1, 2048, 2048, 4, 4), (8, 1000, 1000, 8, 2), (4, 700, 900, 16, 4),
-          (4, 2048, 256, 16, 4)]
+SHAPES = [
+    (2, 1, 1, 2, 2),
+    (1, 17, 17, 3, 3),
+    (2, 257, 257, 4, 2),
+    (1, 1000, 1000, 8, 2),
+    (1, 100, 300, 2, 2),
+    (1, 300, 100, 2, 1),
+    (1, 2048, 2048, 4, 4),
+    (8, 1000, 1000, 8, 2),
+    (4, 700, 900, 16, 4),
+    (4, 2048, 256, 16, 4),
+]
 
 
 def statics(space):
-    return [(dtype, d, causal) for dtype in space.family.dtypes for d in space.family.head_dims for causal in (False, True)]
+    return [
+        (dtype, d, causal) for dtype in space.family.dtypes for d in space.family.head_dims for causal in (False, True)
+    ]
 
 
 def problems_for(dtype, head_dim, causal):
-    return [Problem(batch=b, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hk, head_dim=head_dim, dtype=dtype,
-                    causal=causal) for b, nq, nk, hq, hk in SHAPES]
+    return [
+        Problem(
+            batch=b, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hk, head_dim=head_dim, dtype=dtype, causal=causal
+        )
+        for b, nq, nk, hq, hk in SHAPES
+    ]
 
 
 def covering_configs(space, device, head_dim, seed=0):

@@ -38,15 +38,25 @@ def planted(device, tmp_path_factory) -> dict[str, str]:
 
 
 def _job(cubin: str, tag: str, settings: MeasureSettings | None = None) -> MeasureJob:
-    return MeasureJob(cubin_path=cubin, entry="flashtune_fwd", abi="flat", grid=(1, 1, 1), threads=128, smem_bytes=0,
-                      problem=PROBLEM, config={}, settings=settings or MeasureSettings(timing=False), tag=tag)
+    return MeasureJob(
+        cubin_path=cubin,
+        entry="flashtune_fwd",
+        abi="flat",
+        grid=(1, 1, 1),
+        threads=128,
+        smem_bytes=0,
+        problem=PROBLEM,
+        config={},
+        settings=settings or MeasureSettings(timing=False),
+        tag=tag,
+    )
 
 
 @pytest.fixture(scope="module")
 def good_job(device) -> MeasureJob:
     from tuner.compile import compile_config
-    from tuner.space import load_space
     from tuner.gpu import measure_job_for
+    from tuner.space import load_space
 
     space = load_space("sm80")
     config = space.defaults()

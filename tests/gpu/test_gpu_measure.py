@@ -10,13 +10,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tuner.gpu._inputs import _FULL_CHECK_ELEMENTS, _MAX_ROW_STRIDE
-from tuner.gpu._inputs import InputCache, ProblemData, check_rows, softmax_scale
+from tuner.gpu import TOLERANCES, MeasureResult, MeasureSettings
+from tuner.gpu._inputs import _FULL_CHECK_ELEMENTS, _MAX_ROW_STRIDE, InputCache, ProblemData, check_rows, softmax_scale
 from tuner.gpu._measure import check_output
 from tuner.gpu._reference import reference_problem
 from tuner.gpu._stopping import MAX_WARMUP_LAUNCHES, median_ci_rank, next_batch, timing_stats, warmup_launches
 from tuner.gpu._tensors import from_float32, to_float32
-from tuner.gpu import TOLERANCES, MeasureResult, MeasureSettings
 from tuner.problem import DTYPES, Problem
 
 # -- which rows are checked ------------------------------------------------------------------------
@@ -26,17 +25,20 @@ def test_a_small_problem_is_checked_on_every_row():
     assert check_rows(4, 8, 1000, 1000, np.random.default_rng(0)) is None
 
 
-@pytest.mark.parametrize(("batch", "heads", "seqlen_q", "seqlen_k"), [
-    (8, 16, 2048, 2048),     # the default study: 2^29 score elements
-    (1, 16, 16384, 16384),   # the sweep's longest shape
-    (1, 32, 16384, 16384),
-    (1, 16, 65536, 65536),   # beyond any budget: the stride stops at one row per 64-row block
-    (3, 5, 4097, 9000),
-])
+@pytest.mark.parametrize(
+    ("batch", "heads", "seqlen_q", "seqlen_k"),
+    [
+        (8, 16, 2048, 2048),  # the default study: 2^29 score elements
+        (1, 16, 16384, 16384),  # the sweep's longest shape
+        (1, 32, 16384, 16384),
+        (1, 16, 65536, 65536),  # beyond any budget: the stride stops at one row per 64-row block
+        (3, 5, 4097, 9000),
+    ],
+)
 def test_a_large_problem_is_checked_on_strided_rows_of_every_block(batch, heads, seqlen_q, seqlen_k):
     for seed in range(5):
         rows = check_rows(batch, heads, seqlen_q, seqlen_k, np.random.default_rng(seed))
-        assert rows is not None and np.all(np.diff(rows) > 0) and 0 <= rows[0] and rows[-1] == seqlen_q - 1
+        assert rows is not None and np.all(np.diff(rows) > 0) and rows[0] >= 0 and rows[-1] == seqlen_q - 1
         blocks = set((rows // _MAX_ROW_STRIDE).tolist())
         assert blocks == set(range(-(-seqlen_q // _MAX_ROW_STRIDE)))  # every 64-row block has a checked row
         stride = rows[1] - rows[0]
@@ -46,6 +48,7 @@ def test_a_large_problem_is_checked_on_strided_rows_of_every_block(batch, heads,
 
 
 # -- the reference and the check, on NumPy arrays ---------------------------------------------------
+
 
 def naive_attention(q, k, v, scale, causal):
     """fp64 O and LSE of one head: q [Nq, D], k and v [Nk, D]; bottom-right aligned causal mask."""
@@ -65,9 +68,14 @@ def naive_attention(q, k, v, scale, causal):
 
 def numpy_data(p: Problem, *, seed=0, rows=None, scale=1.0) -> ProblemData:
     rng = np.random.default_rng(seed)
-    q, k, v = (from_float32(rng.standard_normal(s).astype(np.float32) * np.float32(scale), p.dtype) for s in
-               ((p.batch, p.seqlen_q, p.heads_q, p.head_dim), (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
-                (p.batch, p.seqlen_k, p.heads_kv, p.head_dim)))
+    q, k, v = (
+        from_float32(rng.standard_normal(s).astype(np.float32) * np.float32(scale), p.dtype)
+        for s in (
+            (p.batch, p.seqlen_q, p.heads_q, p.head_dim),
+            (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
+            (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
+        )
+    )
     ref_o, ref_lse = reference_problem(q, k, v, p, softmax_scale(p), rows=rows)
     return ProblemData(q=q, k=k, v=v, rows=rows, ref_o=ref_o, ref_lse=ref_lse, seed=seed)
 
@@ -81,11 +89,14 @@ def kernel_output(data: ProblemData, p: Problem):
 CAUSAL_GQA = Problem(batch=2, seqlen_q=70, seqlen_k=50, heads_q=4, heads_kv=2, head_dim=64, causal=True)
 
 
-@pytest.mark.parametrize("problem", [
-    CAUSAL_GQA,
-    Problem(batch=1, seqlen_q=33, seqlen_k=90, heads_q=2, head_dim=64, dtype="bf16", causal=True),
-    Problem(batch=2, seqlen_q=40, heads_q=3, head_dim=32, dtype="bf16"),
-])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        CAUSAL_GQA,
+        Problem(batch=1, seqlen_q=33, seqlen_k=90, heads_q=2, head_dim=64, dtype="bf16", causal=True),
+        Problem(batch=2, seqlen_q=40, heads_q=3, head_dim=32, dtype="bf16"),
+    ],
+)
 def test_the_reference_is_attention_of_every_head_in_the_kernels_layout(problem):
     p = problem
     rows = np.array([0, 5, 21, p.seqlen_q - 1])
@@ -97,8 +108,10 @@ def test_the_reference_is_attention_of_every_head_in_the_kernels_layout(problem)
         group = p.heads_q // p.heads_kv
         for b in range(p.batch):
             for h in range(p.heads_q):
-                qh, kh, vh = (to_float32(x, p.dtype) for x in (data.q[b, :, h], data.k[b, :, h // group],
-                                                                data.v[b, :, h // group]))
+                qh, kh, vh = (
+                    to_float32(x, p.dtype)
+                    for x in (data.q[b, :, h], data.k[b, :, h // group], data.v[b, :, h // group])
+                )
                 o, lse = naive_attention(qh, kh, vh, softmax_scale(p), p.causal)
                 np.testing.assert_allclose(data.ref_o[b, :, h], o[r], rtol=1e-4, atol=1e-5)
                 np.testing.assert_allclose(data.ref_lse[b, h], lse[r], rtol=1e-5, atol=1e-5)
@@ -119,17 +132,24 @@ def nan_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize(("spoil", "message"), [
-    (lambda o, lse, d: o.__setitem__((1, 60, 2, 7), nan_bits(d)), "1 of 35840 output elements are unwritten"),
-    (lambda o, lse, d: lse.__setitem__((0, 3, 44), np.nan), "1 of 560 LSE values are unwritten or NaN"),
-    (lambda o, lse, d: o.__setitem__((0, 4, 1, 0), from_float32(np.full(1, 0.5, np.float32), d)[0]),
-     "rows that see no key"),
-    (lambda o, lse, d: lse.__setitem__((1, 0, 3), 0.0), "rows that see no key"),
-    (lambda o, lse, d: lse.__setitem__((1, 0, 25), -np.inf), "LSE is -inf on a row that sees keys"),
-    (lambda o, lse, d: o.__setitem__((1, slice(None), 3), from_float32(to_float32(o[1, :, 3], d) * 1.1, d)),
-     "O relative error .* at batch 1, head 3"),
-    (lambda o, lse, d: lse.__setitem__((0, 2, 60), lse[0, 2, 60] + 0.01), "LSE error .* at batch 0, head 2"),
-])
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda o, lse, d: o.__setitem__((1, 60, 2, 7), nan_bits(d)), "1 of 35840 output elements are unwritten"),
+        (lambda o, lse, d: lse.__setitem__((0, 3, 44), np.nan), "1 of 560 LSE values are unwritten or NaN"),
+        (
+            lambda o, lse, d: o.__setitem__((0, 4, 1, 0), from_float32(np.full(1, 0.5, np.float32), d)[0]),
+            "rows that see no key",
+        ),
+        (lambda o, lse, d: lse.__setitem__((1, 0, 3), 0.0), "rows that see no key"),
+        (lambda o, lse, d: lse.__setitem__((1, 0, 25), -np.inf), "LSE is -inf on a row that sees keys"),
+        (
+            lambda o, lse, d: o.__setitem__((1, slice(None), 3), from_float32(to_float32(o[1, :, 3], d) * 1.1, d)),
+            "O relative error .* at batch 1, head 3",
+        ),
+        (lambda o, lse, d: lse.__setitem__((0, 2, 60), lse[0, 2, 60] + 0.01), "LSE error .* at batch 0, head 2"),
+    ],
+)
 def test_each_way_of_being_wrong_fails_the_check(dtype, spoil, message):
     import re
 
@@ -166,6 +186,7 @@ def test_the_check_reports_the_worst_errors():
 
 
 # -- the input cache --------------------------------------------------------------------------------
+
 
 class FakeBuild:
     def __init__(self):
@@ -244,6 +265,7 @@ def test_a_cache_needs_room_for_one_problem():
 
 # -- when timing stops ------------------------------------------------------------------------------
 
+
 def coverage(n: int, rank: int) -> Fraction:
     """P(x(rank) <= median <= x(n + 1 - rank)) for n samples of any continuous distribution."""
     below = sum(math.comb(n, j) for j in range(rank))  # P(Binomial(n, 1/2) < rank)
@@ -292,8 +314,16 @@ def simulate(draw, *, per_launch_ms: float, settings: MeasureSettings = SETTINGS
     """The timing loop of tuner.gpu._timing.time_kernel with synthetic samples and a synthetic clock."""
     samples: list[float] = []
     batches = 0
-    while (n := next_batch(samples, spent_ms=len(samples) * per_launch_ms, min_reps=settings.min_reps,
-                           max_reps=settings.max_reps, budget_ms=settings.target_ms, rel_ci=settings.rel_ci)) > 0:
+    while (
+        n := next_batch(
+            samples,
+            spent_ms=len(samples) * per_launch_ms,
+            min_reps=settings.min_reps,
+            max_reps=settings.max_reps,
+            budget_ms=settings.target_ms,
+            rel_ci=settings.rel_ci,
+        )
+    ) > 0:
         samples += [draw(len(samples) + i) for i in range(n)]
         batches += 1
         assert batches < 100
@@ -374,14 +404,27 @@ OLD_RESULT_KEYS = {"status", "detail", "latency_ms", "spread", "reps", "tflops",
 
 
 def test_results_keep_every_stored_key_and_add_the_accounting():
-    d = MeasureResult(status="ok", latency_ms=0.5, kernel_ms=12.0, job_ms=30.0, rel_ci=0.004,
-                      phases_ms={"load": 1.0, "inputs": 0.0, "check": 2.0, "timing": 25.0}).to_dict()
-    assert OLD_RESULT_KEYS <= set(d)
+    d = MeasureResult(
+        status="ok",
+        latency_ms=0.5,
+        kernel_ms=12.0,
+        job_ms=30.0,
+        rel_ci=0.004,
+        phases_ms={"load": 1.0, "inputs": 0.0, "check": 2.0, "timing": 25.0},
+    ).to_dict()
+    assert set(d) >= OLD_RESULT_KEYS
     assert set(d) - OLD_RESULT_KEYS == {"rel_ci", "kernel_ms", "job_ms", "phases_ms"}
-    old = {"status": "ok", "detail": "", "latency_ms": 1.0, "spread": 0.01, "reps": 50, "tflops": 300.0,
-           "rel_error": 1e-4, "lse_error": 1e-5}
-    assert MeasureResult(**old).to_dict() == {**old, "rel_ci": None, "kernel_ms": None, "job_ms": None,
-                                              "phases_ms": {}}
+    old = {
+        "status": "ok",
+        "detail": "",
+        "latency_ms": 1.0,
+        "spread": 0.01,
+        "reps": 50,
+        "tflops": 300.0,
+        "rel_error": 1e-4,
+        "lse_error": 1e-5,
+    }
+    assert MeasureResult(**old).to_dict() == {**old, "rel_ci": None, "kernel_ms": None, "job_ms": None, "phases_ms": {}}
 
 
 def test_settings_reuse_kept_inputs_unless_asked():
@@ -391,6 +434,7 @@ def test_settings_reuse_kept_inputs_unless_asked():
 
 
 # -- the dtype table ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_every_dtype_is_stored_poisoned_and_converted_as_its_table_row_says(dtype):

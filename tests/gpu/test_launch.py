@@ -20,9 +20,10 @@ import pytest
 
 pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
 
-from tuner.gpu import _launch as launch, _tma as tma  # noqa: E402
-from tuner.gpu._launch import FlatArgs, TmaArgs  # noqa: E402
-from tuner.problem import Problem  # noqa: E402
+from tuner.gpu import _launch as launch
+from tuner.gpu import _tma as tma
+from tuner.gpu._launch import FlatArgs, TmaArgs
+from tuner.problem import Problem
 
 SHAPE = Problem(batch=3, seqlen_q=1000, seqlen_k=777, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16")
 # (pointer, batch stride, row stride, head stride) in elements
@@ -109,8 +110,12 @@ def fake_driver(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("fake-driver")
     (folder / "driver.c").write_text(FAKE_DRIVER)
     library = folder / "libfakecuda.so"
-    build = subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-I", str(include), str(folder / "driver.c"), "-o",
-                            str(library)], capture_output=True, text=True, timeout=120)
+    build = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O1", "-I", str(include), str(folder / "driver.c"), "-o", str(library)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     return library
 
@@ -126,8 +131,15 @@ def stand_in_driver(fake_driver, monkeypatch):
 def decode_map(raw: bytes) -> dict:
     words = struct.unpack("=16Q", raw)
     assert words[14] == 0xF1A5, "the stand-in driver did not write this map"
-    return {"dtype": {16: "fp16", 1616: "bf16"}[words[0]], "address": words[1], "dims": words[2:6],
-            "strides": words[6:9], "box": words[9:13], "element_strides": words[13], "call": words[15]}
+    return {
+        "dtype": {16: "fp16", 1616: "bf16"}[words[0]],
+        "address": words[1],
+        "dims": words[2:6],
+        "strides": words[6:9],
+        "box": words[9:13],
+        "element_strides": words[13],
+        "call": words[15],
+    }
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -136,8 +148,9 @@ def test_tensor_maps_follow_the_abi(stand_in_driver, dtype):
     args = TmaArgs(shape, {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64})
     args.pack(Q, K, V, O, LSE, 0.5)
     maps = [decode_map(args.buffer.param_bytes(i, 128)) for i in range(4)]
-    for m, (ptr, batch, row, head), rows, seqlen, heads in zip(maps, (Q, K, V, O), (128, 64, 64, 64),
-                                                                (1000, 777, 777, 1000), (8, 2, 2, 8)):
+    for m, (ptr, batch, row, head), rows, seqlen, heads in zip(
+        maps, (Q, K, V, O), (128, 64, 64, 64), (1000, 777, 777, 1000), (8, 2, 2, 8)
+    ):
         assert m["dtype"] == dtype and m["address"] == ptr
         assert m["dims"] == (128, seqlen, heads, 3)  # innermost first: head_dim, seqlen, heads, batch
         assert m["strides"] == (2 * row, 2 * head, 2 * batch)  # bytes: row, head, batch

@@ -19,16 +19,17 @@ SEED = 4242  # a key no other module's jobs use: the first job here makes the in
 @pytest.fixture(scope="module")
 def job_for(device):
     from tuner.compile import compile_config
-    from tuner.space import load_space
     from tuner.gpu import measure_job_for
+    from tuner.space import load_space
 
     space = load_space("sm80")
     config = space.defaults(PROBLEM.head_dim)
     kernel = compile_config(space, config, PROBLEM, device)
 
     def job(**settings):
-        return measure_job_for(space, config, PROBLEM, device, kernel, MeasureSettings(**{"seed": SEED, **settings}),
-                               tag="measure")
+        return measure_job_for(
+            space, config, PROBLEM, device, kernel, MeasureSettings(**{"seed": SEED, **settings}), tag="measure"
+        )
 
     return job
 

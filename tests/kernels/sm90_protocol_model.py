@@ -125,8 +125,9 @@ def _unit(k: Knobs, s: Shape, index: int, rank: int) -> Unit:
         group_end = (m_block // k.cta_mode + 1) * k.cta_mode * k.block_m
         keys = min(group_end, s.seqlen_q) + s.seqlen_k - s.seqlen_q
         n_block_max = 0 if keys <= 0 else min(n_block_max, _ceil_div(keys, k.block_n))
-    return Unit(index, m_block, head, batch, n_block_max, m_block * k.block_m, s.seqlen_k - s.seqlen_q, s.causal,
-                k.block_n)
+    return Unit(
+        index, m_block, head, batch, n_block_max, m_block * k.block_m, s.seqlen_k - s.seqlen_q, s.causal, k.block_n
+    )
 
 
 def cluster_units(k: Knobs, s: Shape, clusters: int) -> list[list[int]]:
@@ -180,8 +181,10 @@ class MBarrier:
         hardware compares parities only, which is right while the barrier is at ``phase`` or past it
         by one."""
         if not phase <= self.completed <= phase + 1:
-            raise ProtocolError(f"{self.name}: a parity wait for phase {phase} while {self.completed} phases "
-                                "completed: the parity answers for another phase")
+            raise ProtocolError(
+                f"{self.name}: a parity wait for phase {phase} while {self.completed} phases "
+                "completed: the parity answers for another phase"
+            )
         return self.completed == phase + 1
 
 
@@ -295,8 +298,10 @@ class Cta:
         self.k_empty = [MBarrier(f"{self.name}.k_empty[{i}]", arrivals, self) for i in range(k.kv_stages)]
         self.v_full = [MBarrier(f"{self.name}.v_full[{i}]", 1, self) for i in range(k.kv_stages)]
         self.v_empty = [MBarrier(f"{self.name}.v_empty[{i}]", arrivals, self) for i in range(k.kv_stages)]
-        self.qo = [[Slot(f"{self.name}.q[{i}] rows of wg{w}", 4, self) for w in range(k.consumer_wgs)]
-                   for i in range(k.q_stages)]
+        self.qo = [
+            [Slot(f"{self.name}.q[{i}] rows of wg{w}", 4, self) for w in range(k.consumer_wgs)]
+            for i in range(k.q_stages)
+        ]
         self.k = [Slot(f"{self.name}.k[{i}]", k.cta_mode, self) for i in range(k.kv_stages)]
         self.v = [Slot(f"{self.name}.v[{i}]", k.cta_mode, self) for i in range(k.kv_stages)]
         self.turn = [NamedBarrier(f"{self.name}.turn{w}", 256) for w in range(k.consumer_wgs)]
@@ -370,8 +375,9 @@ class Model:
         yield lambda: bar.passed(phase)
 
     # -- asynchronous operations ------------------------------------------------------------------
-    def tma_load(self, dests: list[tuple[Slot, int]], bars: list[tuple[MBarrier, int]], tag: object,
-                 nbytes: int) -> None:
+    def tma_load(
+        self, dests: list[tuple[Slot, int]], bars: list[tuple[MBarrier, int]], tag: object, nbytes: int
+    ) -> None:
         for slot, part in dests:
             slot.begin_write(part, f"TMA load of {tag}")
 
@@ -384,8 +390,9 @@ class Model:
 
         self.spawn(f"load {tag}", land())
 
-    def wgmma_issue(self, cta: Cta, wg: int, warp: int, count: int, reads: list[tuple[Slot, object]],
-                    what: str) -> None:
+    def wgmma_issue(
+        self, cta: Cta, wg: int, warp: int, count: int, reads: list[tuple[Slot, object]], what: str
+    ) -> None:
         """Warp `warp` issues into its warpgroup's group number `count` (its commits so far)."""
         groups = cta.groups[wg]
         if count == len(groups):
@@ -447,8 +454,12 @@ class Model:
             bar = cta.q_full[qs.index]
             bar.expect_tx(1)
             bar.arrive()
-            self.tma_load([(cta.qo[qs.index][w], p) for w in range(k.consumer_wgs) for p in range(4)],
-                          [(bar, qs.use)], ("Q", unit.index), 1)
+            self.tma_load(
+                [(cta.qo[qs.index][w], p) for w in range(k.consumer_wgs) for p in range(4)],
+                [(bar, qs.use)],
+                ("Q", unit.index),
+                1,
+            )
             yield None
             for n in reversed(range(unit.n_block_max)):
                 if k.kv_barriers == 2:  # K and V each on their own ring's barriers
@@ -510,7 +521,7 @@ class Model:
             cta.qo[qs.index][wg].write_now(warp, ("O", unit.index), f"warp {warp} stages O of unit {unit.index}")
             yield None
             generation = cta.epilogue[wg].arrive()
-            yield lambda: cta.epilogue[wg].generation > generation
+            yield lambda: cta.epilogue[wg].generation > generation  # noqa: B023 - waited on before the next loop
             if warp == 0 and first_row < s.seqlen_q:
                 self.tma_store(cta, wg, cta.qo[qs.index][wg], unit)
             if k.q_stages > 1 and "release_q_after_last_s_gemm" not in faults:
@@ -546,9 +557,7 @@ class Model:
             getattr(peer, empty)[st.index].arrive()
 
     def release_k(self, cta: Cta, st: Ring) -> None:
-        if self.knobs.kv_barriers == 2:
-            self._release("k_empty", st)
-        elif "kv1_release_after_k" in self.knobs.faults:
+        if self.knobs.kv_barriers == 2 or "kv1_release_after_k" in self.knobs.faults:
             self._release("k_empty", st)
 
     def release_v(self, cta: Cta, st: Ring) -> None:
@@ -586,7 +595,7 @@ class Model:
         commits[0] += 1
 
     def qk_gemm(self, ctx, st: Ring, n: int) -> Iterator[Cond]:
-        cta, wg, warp, unit, qs, held, commits, _ = ctx
+        cta, wg, warp, _unit, qs, held, commits, _ = ctx
         yield from self.wait_k(cta, st)
         yield from self.turn_begin(cta, wg)
         self.issue(ctx, "S", n, st)
@@ -677,8 +686,11 @@ class Model:
                     want = 1 if first_row < s.seqlen_q else 0
                     if self.stored.get(key, 0) != want:
                         raise ProtocolError(f"O of {key} stored {self.stored.get(key, 0)} times, not {want}")
-                    n = unit.n_block_max if k.pingpong or not s.causal else min(unit.n_block_max,
-                                                                                unit.visible(first_row))
+                    n = (
+                        unit.n_block_max
+                        if k.pingpong or not s.causal
+                        else min(unit.n_block_max, unit.visible(first_row))
+                    )
                     blocks = sorted(b for what, b in self.computed.get(key, []) if what == "S")
                     pv = sorted(set(b for what, b in self.computed.get(key, []) if what == "PV"))
                     if blocks != list(range(n)) or pv != list(range(n)):

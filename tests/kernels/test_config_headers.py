@@ -32,9 +32,24 @@ def _compile_header(space, macros: dict[str, int], arch: str, tmp_path) -> subpr
     """Compile a unit that includes only the family's config header (its static_asserts), for ``arch``."""
     unit = tmp_path / "config_only.cu"
     unit.write_text(f'#include "{space.family.config_header}"\n')
-    return subprocess.run(["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), f"-arch=sm_{arch}", "-c", "-o",
-                           str(tmp_path / "config_only.o"), *(f"-D{k}={v}" for k, v in macros.items()), str(unit)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [
+            "nvcc",
+            "-std=c++17",
+            "-I",
+            str(KERNEL_SRC),
+            f"-arch=sm_{arch}",
+            "-c",
+            "-o",
+            str(tmp_path / "config_only.o"),
+            *(f"-D{k}={v}" for k, v in macros.items()),
+            str(unit),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def _config_over_the_table_limit(space, problem, device, bigger):
@@ -48,11 +63,16 @@ def _config_over_the_table_limit(space, problem, device, bigger):
             continue
         reasons = space.violations(config, problem, device)
         names = {reason.split(":", 1)[0] for reason in reasons}
-        if "smem_fits" in names and names <= {"smem_fits", "smem_per_sm_fits"} and not space.violations(
-                config, problem, bigger):
+        if (
+            "smem_fits" in names
+            and names <= {"smem_fits", "smem_per_sm_fits"}
+            and not space.violations(config, problem, bigger)
+        ):
             return config
-    pytest.fail(f"{space.name}: no config needs more shared memory than {device.smem_per_block_optin} B and fits "
-                f"{bigger.smem_per_block_optin} B")
+    pytest.fail(
+        f"{space.name}: no config needs more shared memory than {device.smem_per_block_optin} B and fits "
+        f"{bigger.smem_per_block_optin} B"
+    )
 
 
 @_NVCC
@@ -61,8 +81,9 @@ def test_the_config_header_checks_the_limits_it_is_given(space, tmp_path):
     for it, and fails the header's static_assert with the table's limits (the same check, in C++)."""
     device = limits_for_arch(supported_archs(space)[0])
     extra = 64 * 1024
-    bigger = dataclasses.replace(device, smem_per_block_optin=device.smem_per_block_optin + extra,
-                                 smem_per_sm=device.smem_per_sm + extra)
+    bigger = dataclasses.replace(
+        device, smem_per_block_optin=device.smem_per_block_optin + extra, smem_per_sm=device.smem_per_sm + extra
+    )
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=max(space.family.head_dims))
     config = _config_over_the_table_limit(space, problem, device, bigger)
     arch = space.arch_string(device.arch)
@@ -78,8 +99,9 @@ def _hand_build_defaults(space, cuda_arch: int | None) -> dict[str, int]:
     text = (KERNEL_SRC / space.family.config_header).read_text()
     text = re.sub(r"^\s*#\s*(include|pragma)\b.*$", "", text, flags=re.MULTILINE)  # system headers are not needed
     flags = [] if cuda_arch is None else [f"-D__CUDA_ARCH__={cuda_arch}"]
-    out = subprocess.run(["cpp", "-x", "c++", "-dM", *flags], input=text, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["cpp", "-x", "c++", "-dM", *flags], input=text, capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     defined = dict(re.findall(r"^#define (FT_[A-Z0-9_]+) (\d+)$", out, re.MULTILINE))
     return {macro: int(defined[macro]) for macro in DEVICE_MACROS.values() if macro in defined}
 
@@ -110,7 +132,7 @@ def test_every_include_is_a_path_under_kernel_src():
         family = path.relative_to(KERNEL_SRC).parts[0]
         for include in _INCLUDE.findall(path.read_text()):
             if not (KERNEL_SRC / include).is_file() or include.split("/")[0] not in {family, "common"}:
-                wrong.append(f"{path.relative_to(KERNEL_SRC)}: #include \"{include}\"")
+                wrong.append(f'{path.relative_to(KERNEL_SRC)}: #include "{include}"')
     assert _sources() and not wrong, "\n".join(wrong)
 
 
@@ -118,7 +140,15 @@ def test_every_include_is_a_path_under_kernel_src():
 def test_the_families_split_their_sources_alike(family):
     """The headers by concern that both families have (README: kernel_src/README.md)."""
     names = {p.name for p in (KERNEL_SRC / family).iterdir()}
-    assert {"config.cuh", "pipeline.cuh", "smem_layout.cuh", "mainloop.cuh", "softmax.cuh", "mask.cuh",
-            "epilogue.cuh", "flash_fwd.cu"} <= names
+    assert {
+        "config.cuh",
+        "pipeline.cuh",
+        "smem_layout.cuh",
+        "mainloop.cuh",
+        "softmax.cuh",
+        "mask.cuh",
+        "epilogue.cuh",
+        "flash_fwd.cu",
+    } <= names
     assert "apply_mask" in (KERNEL_SRC / family / "mask.cuh").read_text()
     assert "apply_mask" not in (KERNEL_SRC / family / "softmax.cuh").read_text()

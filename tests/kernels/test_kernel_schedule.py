@@ -27,30 +27,72 @@ CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that hea
     "persistent": (128, {"persistent": 1}),
     "cluster": (128, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),
     "cluster_persistent": (128, {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232}),
-    "three_wgs_bn64_cluster_persistent": (128, {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160,
-                                                "block_n": 64, "cta_mode": 2, "persistent": 1}),
+    "three_wgs_bn64_cluster_persistent": (
+        128,
+        {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64, "cta_mode": 2, "persistent": 1},
+    ),
     "one_wg_bn176": (128, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176}),
     "d256_bn80_cluster": (256, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),  # 40-row halves
     "d256_one_wg_bn96": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 96}),
-    "d256_one_wg_bn64_persistent": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256,
-                                          "block_n": 64, "persistent": 1}),
+    "d256_one_wg_bn64_persistent": (
+        256,
+        {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 64, "persistent": 1},
+    ),
     # two CTAs per SM: a persistent grid of 2 * num_sms CTAs (clusters)
-    "two_ctas_per_sm_persistent": (128, {"ctas_per_sm": 2, "persistent": 1, "consumer_wgs": 1, "producer_regs": 24,
-                                         "consumer_regs": 232, "block_n": 64}),
-    "two_ctas_per_sm_cluster_persistent": (128, {"ctas_per_sm": 2, "persistent": 1, "cta_mode": 2, "consumer_wgs": 1,
-                                                 "producer_regs": 32, "consumer_regs": 224, "block_n": 64,
-                                                 "intra_wg_overlap": 0}),
-    "d64_three_wgs_bn160_persistent": (64, {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160,
-                                            "block_n": 160, "intra_wg_overlap": 0, "persistent": 1}),
+    "two_ctas_per_sm_persistent": (
+        128,
+        {
+            "ctas_per_sm": 2,
+            "persistent": 1,
+            "consumer_wgs": 1,
+            "producer_regs": 24,
+            "consumer_regs": 232,
+            "block_n": 64,
+        },
+    ),
+    "two_ctas_per_sm_cluster_persistent": (
+        128,
+        {
+            "ctas_per_sm": 2,
+            "persistent": 1,
+            "cta_mode": 2,
+            "consumer_wgs": 1,
+            "producer_regs": 32,
+            "consumer_regs": 224,
+            "block_n": 64,
+            "intra_wg_overlap": 0,
+        },
+    ),
+    "d64_three_wgs_bn160_persistent": (
+        64,
+        {
+            "consumer_wgs": 3,
+            "producer_regs": 32,
+            "consumer_regs": 160,
+            "block_n": 160,
+            "intra_wg_overlap": 0,
+            "persistent": 1,
+        },
+    ),
 }
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
 # that see no key; a causal offset of 1 and of 2 * 128 + 1 puts a warpgroup's last visible key alone in
 # the next key block; seqlen_k one short of a whole key block of 64, 128 or 176), and more work units than
 # an H200's 132 SMs (a persistent CTA loops)
-SHAPES = [(1, 1, 1, 1, 1), (2, 17, 300, 3, 1), (1, 300, 17, 2, 2), (2, 1000, 1000, 8, 2), (3, 777, 1234, 4, 4),
-          (4, 2048, 256, 16, 4), (1, 1500, 1500, 2, 1), (1, 300, 301, 2, 2), (2, 200, 457, 2, 1),
-          (1, 200, 255, 2, 2), (1, 100, 351, 1, 1)]
+SHAPES = [
+    (1, 1, 1, 1, 1),
+    (2, 17, 300, 3, 1),
+    (1, 300, 17, 2, 2),
+    (2, 1000, 1000, 8, 2),
+    (3, 777, 1234, 4, 4),
+    (4, 2048, 256, 16, 4),
+    (1, 1500, 1500, 2, 1),
+    (1, 300, 301, 2, 2),
+    (2, 200, 457, 2, 1),
+    (1, 200, 255, 2, 2),
+    (1, 100, 351, 1, 1),
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +107,12 @@ def binaries(tmp_path_factory):
             assert space.check(config, problem, device) is None, (name, space.check(config, problem, device))
             exe = out / f"{name}-{int(causal)}"
             flags = [f"-D{k}={v}" for k, v in space.macros(config, problem, device).items()]
-            subprocess.run(["nvcc", "-std=c++17", "-O1", "-x", "cu", "-I", str(KERNEL_SRC), *flags, str(CHECK),
-                            "-o", str(exe)], check=True, capture_output=True, text=True)
+            subprocess.run(
+                ["nvcc", "-std=c++17", "-O1", "-x", "cu", "-I", str(KERNEL_SRC), *flags, str(CHECK), "-o", str(exe)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             built[name, causal] = (exe, config)
     return space, device, built
 
@@ -77,11 +123,16 @@ def test_every_query_block_once_and_every_visible_key(binaries, name, causal):
     space, device, built = binaries
     exe, config = built[name, causal]
     for batch, sq, sk, hq, hkv in SHAPES:
-        problem = Problem(batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0],
-                          causal=causal)
+        problem = Problem(
+            batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0], causal=causal
+        )
         grid = space.launch(config, problem, device).grid
-        run = subprocess.run([str(exe), *map(str, grid), *map(str, (batch, sq, sk, hq, hkv))], capture_output=True,
-                             text=True, timeout=120)
+        run = subprocess.run(
+            [str(exe), *map(str, grid), *map(str, (batch, sq, sk, hq, hkv))],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0 and run.stdout.startswith("ok"), (name, problem.slug(), grid, run.stdout, run.stderr)
 
 
@@ -91,6 +142,10 @@ def test_a_broken_schedule_is_caught(binaries):
     exe, config = built["one_per_block", False]  # a persistent grid covers every unit with fewer CTAs too
     problem = Problem(batch=2, seqlen_q=1000, heads_q=8, heads_kv=2, head_dim=128)
     gx, gy, gz = space.launch(config, problem, device).grid
-    run = subprocess.run([str(exe), str(gx - 1), str(gy), str(gz), "2", "1000", "1000", "8", "2"], capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [str(exe), str(gx - 1), str(gy), str(gz), "2", "1000", "1000", "8", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 1 and "not visited exactly once" in run.stdout

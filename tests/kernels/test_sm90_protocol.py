@@ -27,10 +27,10 @@ CONFIGS = {
     "persistent_cluster": Knobs(persistent=True, cta_mode=2, block_n=64),
     "persistent_three_wgs_pingpong": Knobs(persistent=True, consumer_wgs=3, pingpong=True, block_n=64),
     "persistent_one_wg": Knobs(persistent=True, consumer_wgs=1, block_n=64),
-    "persistent_cluster_kv1_serial_pv_split": Knobs(persistent=True, cta_mode=2, kv_barriers=1,
-                                                    intra_wg_overlap=False, pv_split=True, block_n=64),
-    "persistent_cluster_pingpong_kv1": Knobs(persistent=True, cta_mode=2, pingpong=True, kv_barriers=1,
-                                             block_n=64),
+    "persistent_cluster_kv1_serial_pv_split": Knobs(
+        persistent=True, cta_mode=2, kv_barriers=1, intra_wg_overlap=False, pv_split=True, block_n=64
+    ),
+    "persistent_cluster_pingpong_kv1": Knobs(persistent=True, cta_mode=2, pingpong=True, kv_barriers=1, block_n=64),
 }
 
 SHAPES = [  # tails and the diagonal; units and warpgroups that see no key (seqlen_q > seqlen_k, causal);
@@ -68,8 +68,10 @@ def test_persistent_ctas_take_several_units_and_some_see_no_key():
 
 
 # fault -> the knobs it needs (a persistent CTA; kv_barriers = 1 for the shared-barrier faults)
-FAULT_KNOBS = {name: Knobs(persistent=True, block_n=64, kv_barriers=1 if name.startswith("kv1") else 2,
-                           faults=frozenset([name])) for name in FAULTS}
+FAULT_KNOBS = {
+    name: Knobs(persistent=True, block_n=64, kv_barriers=1 if name.startswith("kv1") else 2, faults=frozenset([name]))
+    for name in FAULTS
+}
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -108,10 +110,12 @@ def test_persistent_clusters_share_causal_work_evenly(clusters):
 
     knobs = Knobs(persistent=True)
     shape = Shape(batch=32, seqlen_q=512, seqlen_k=512, heads_q=16, heads_kv=16, causal=True)
-    per_cluster = [sum(_unit(knobs, shape, u, 0).n_block_max for u in units)
-                   for units in cluster_units(knobs, shape, clusters)]
+    per_cluster = [
+        sum(_unit(knobs, shape, u, 0).n_block_max for u in units) for units in cluster_units(knobs, shape, clusters)
+    ]
     longest = max(_unit(knobs, shape, u, 0).n_block_max for u in range(4))
     assert max(per_cluster) - min(per_cluster) <= longest  # within one unit of each other
-    round_robin = [sum(_unit(knobs, shape, u, 0).n_block_max for u in range(c, 2048, clusters))
-                   for c in range(clusters)]
+    round_robin = [
+        sum(_unit(knobs, shape, u, 0).n_block_max for u in range(c, 2048, clusters)) for c in range(clusters)
+    ]
     assert max(round_robin) >= 3 * min(round_robin)  # what the snake replaced

@@ -16,7 +16,20 @@ import pytest
 from tests.fake_studies import family_for_tests, make_study, open_fake_study
 from tuner.cli import main
 from tuner.problem import Problem
-from tuner.report import STUDY_FIGURES, build_report, get_contour_info, get_history_info, get_importance_info, get_outcomes_info, get_parallel_info, get_resources_info, get_suite_info, get_top_configs_info, render_report, study_data
+from tuner.report import (
+    STUDY_FIGURES,
+    build_report,
+    get_contour_info,
+    get_history_info,
+    get_importance_info,
+    get_outcomes_info,
+    get_parallel_info,
+    get_resources_info,
+    get_suite_info,
+    get_top_configs_info,
+    render_report,
+    study_data,
+)
 from tuner.space import load_space
 from tuner.study import load_suite, suite_studies
 
@@ -144,8 +157,11 @@ def test_a_stale_retimed_winner_is_not_shown_as_the_winner(storage_url):
     study = make_study(storage_url, "stale-winner", FAMILY, PROBLEM, n_trials=10, failures=False)
     assert study_data(study).winner is not None
     best = max((t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
-    study.add_trial(optuna.trial.create_trial(value=best.value * 4, params=best.params,
-                                              distributions=distributions(load_space(FAMILY))))
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=best.value * 4, params=best.params, distributions=distributions(load_space(FAMILY))
+        )
+    )
     data = study_data(study)
     newest = max(t.number for t in study.get_trials())
     assert data.winner is None
@@ -158,22 +174,45 @@ def test_throughput_of_each_run_is_read_and_shown(storage_url):
     from tuner.report._throughput import get_throughput_info, render_throughput
 
     study = make_study(storage_url, "throughput")
-    assert get_throughput_info(study_data(study)).rows == [] and render_throughput(get_throughput_info(
-        study_data(study))) is None
-    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hostb:2:2026-01-02T00:00:00",
-                        {"started": "2026-01-02T00:00:00", "wall_s": 100.0, "evaluated": 400, "kernel_s": 60.0,
-                         "measure_s": 70.0, "compile_wait_s": 5.0, "search_s": 10.0, "storage_s": 8.0})
-    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hosta:1:2026-01-01T00:00:00",
-                        {"started": "2026-01-01T00:00:00", "wall_s": 50.0, "evaluated": 25, "kernel_s": "junk"})
+    assert (
+        get_throughput_info(study_data(study)).rows == []
+        and render_throughput(get_throughput_info(study_data(study))) is None
+    )
+    study.set_user_attr(
+        f"{st.THROUGHPUT_PREFIX}hostb:2:2026-01-02T00:00:00",
+        {
+            "started": "2026-01-02T00:00:00",
+            "wall_s": 100.0,
+            "evaluated": 400,
+            "kernel_s": 60.0,
+            "measure_s": 70.0,
+            "compile_wait_s": 5.0,
+            "search_s": 10.0,
+            "storage_s": 8.0,
+        },
+    )
+    study.set_user_attr(
+        f"{st.THROUGHPUT_PREFIX}hosta:1:2026-01-01T00:00:00",
+        {"started": "2026-01-01T00:00:00", "wall_s": 50.0, "evaluated": 25, "kernel_s": "junk"},
+    )
     info = get_throughput_info(study_data(study))
     assert [r.run for r in info.rows] == ["hosta:1:2026-01-01T00:00:00", "hostb:2:2026-01-02T00:00:00"]
     first, second = info.rows
     assert first.configs_per_s == 0.5 and first.gpu_busy == 0.0  # an unreadable figure counts as 0
     assert second.configs_per_s == 4.0 and second.gpu_busy == 0.6 and second.compile_wait_s == 5.0
     assert second.gpus == 1 and second.gpu_busy_measuring == pytest.approx(60 / 70)
-    study.set_user_attr(f"{st.THROUGHPUT_PREFIX}hostc:3:2026-01-03T00:00:00",  # one loop driving two GPUs
-                        {"started": "2026-01-03T00:00:00", "gpus": 2, "wall_s": 100.0, "evaluated": 800,
-                         "kernel_s": 100.0, "measure_s": 160.0, "compile_wait_s": 20.0})
+    study.set_user_attr(
+        f"{st.THROUGHPUT_PREFIX}hostc:3:2026-01-03T00:00:00",  # one loop driving two GPUs
+        {
+            "started": "2026-01-03T00:00:00",
+            "gpus": 2,
+            "wall_s": 100.0,
+            "evaluated": 800,
+            "kernel_s": 100.0,
+            "measure_s": 160.0,
+            "compile_wait_s": 20.0,
+        },
+    )
     third = get_throughput_info(study_data(study)).rows[2]
     assert (third.gpus, third.gpu_busy, third.measure_s, third.compile_wait_s) == (2, 0.5, 80.0, 10.0)
     table = render_throughput(get_throughput_info(study_data(study)))
@@ -193,7 +232,7 @@ def test_page_holds_every_figure_once_with_plotly_inlined_once(page):
     for name in FIGURES:
         assert f'id="study-{name}-plot"' in page, name
     assert page.count("Plotly.newPlot(") == len(FIGURES)
-    assert page.count("<script type=\"text/javascript\">/**") == 1  # the plotly.js bundle, once
+    assert page.count('<script type="text/javascript">/**') == 1  # the plotly.js bundle, once
     assert not re.search(r"<script[^>]+src=", page), "the page must not load anything from the network"
     assert '<table class="ft-table">' in page  # top configs and reasons
 
@@ -211,8 +250,10 @@ def test_password_is_masked(study):
 @pytest.fixture(scope="module")
 def suite_setup(storage_url, tmp_path_factory):
     path = tmp_path_factory.mktemp("suite") / "mini.toml"
-    path.write_text(f'family = "{FAMILY}"\n[grid]\ndtype = ["fp16", "bf16"]\nhead_dim = 128\nheads = 16\n'
-                    "seqlen = [512, 2048, 8192]\ntokens = 16384\n")
+    path.write_text(
+        f'family = "{FAMILY}"\n[grid]\ndtype = ["fp16", "bf16"]\nhead_dim = 128\nheads = 16\n'
+        "seqlen = [512, 2048, 8192]\ntokens = 16384\n"
+    )
     suite = load_suite(path)
     for i, p in enumerate(suite.problems[:-1]):  # the last problem has no study yet
         make_study(storage_url, f"mini-{p.slug()}", FAMILY, p, n_trials=8, seed=10 + i, failures=False)
@@ -222,8 +263,10 @@ def suite_setup(storage_url, tmp_path_factory):
 def test_suite_heat_map_data(suite_setup, storage_url):
     suite, _ = suite_setup
     storage = optuna.storages.RDBStorage(storage_url)
-    entries = [(e.problem, [optuna.load_study(study_name=n, storage=storage) for n in e.studies])
-               for e in suite_studies(storage, suite)]
+    entries = [
+        (e.problem, [optuna.load_study(study_name=n, storage=storage) for n in e.studies])
+        for e in suite_studies(storage, suite)
+    ]
     info = get_suite_info(suite.name, load_space(FAMILY), entries)
     assert len(info.columns) == len(suite.problems)
     assert [c.config is not None for c in info.columns] == [True] * (len(suite.problems) - 1) + [False]
@@ -278,9 +321,17 @@ def test_the_same_storage_opens_in_optuna_dashboard(study, storage_url):
 
     def get(path: str) -> dict:
         status = []
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
-                   "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
-                   "wsgi.input": io.BytesIO(), "wsgi.errors": io.StringIO()}
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": path,
+            "QUERY_STRING": "",
+            "SERVER_NAME": "localhost",
+            "SERVER_PORT": "80",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(),
+            "wsgi.errors": io.StringIO(),
+        }
         body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
         assert status[0].startswith("200"), (path, status, body[:300])
         return json.loads(body)
@@ -292,16 +343,31 @@ def test_the_same_storage_opens_in_optuna_dashboard(study, storage_url):
 
 
 # -- headless browser ------------------------------------------------------------------------------
-CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome")
-                 if shutil.which(b)), None)
+CHROMIUM = next(
+    (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None
+)
 
 
 def render_in_browser(path: Path, tmp_path: Path) -> str:
     """The DOM after the page's scripts ran, dumped by headless Chromium (no network, no GPU)."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-           "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr",
-           "--v=0", "--virtual-time-budget=10000", "--dump-dom", path.resolve().as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-unsafe-swiftshader",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        path.resolve().as_uri(),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
@@ -309,8 +375,14 @@ def render_in_browser(path: Path, tmp_path: Path) -> str:
 
 def rendered_ids(dom: str) -> set[str]:
     """Ids of the divs into which Plotly drew a graph (it adds a ``plot-container`` child)."""
-    return {m.group(1) for m in re.finditer(r'<div id="([\w-]+)" class="plotly-graph-div[^"]*"[^>]*>\s*'
-                                            r'<div class="plot-container', dom)}
+    return {
+        m.group(1)
+        for m in re.finditer(
+            r'<div id="([\w-]+)" class="plotly-graph-div[^"]*"[^>]*>\s*'
+            r'<div class="plot-container',
+            dom,
+        )
+    }
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")

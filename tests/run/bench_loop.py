@@ -20,14 +20,11 @@ from pathlib import Path
 import optuna
 
 import tuner.study as st
-from tuner.study import requeue_stale
 from tuner.gpu import MeasureSettings
-from tuner.run import compile_pool
+from tuner.run import TuneSettings, compile_pool, load_oracle, tune
 from tuner.run._replay import _stand_in_compile
-from tuner.run import load_oracle
 from tuner.search import make_search
-from tuner.study import open_storage
-from tuner.run import TuneSettings, tune
+from tuner.study import open_storage, requeue_stale
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -39,11 +36,20 @@ def sleeping_compile(space_path, config, problem, device):
 
 def run(lanes: int, workers: int, measure_s: float, directory: str) -> float:
     """Configs per second of one sweep."""
-    oracle = load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}"), "grid-small",
-                         DATA / "sm90_small.toml")
+    oracle = load_oracle(
+        optuna.storages.RDBStorage(f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}"),
+        "grid-small",
+        DATA / "sm90_small.toml",
+    )
     storage = open_storage(f"sqlite:///{directory}/lanes-{lanes}.db", stale_trial_callback=requeue_stale)
-    study = st.open_study(storage=storage, name="bench", space=oracle.space, problem=oracle.problem,
-                          gpu={"name": oracle.device.name or "H200"}, sampler=optuna.samplers.RandomSampler(0))
+    study = st.open_study(
+        storage=storage,
+        name="bench",
+        space=oracle.space,
+        problem=oracle.problem,
+        gpu={"name": oracle.device.name or "H200"},
+        sampler=optuna.samplers.RandomSampler(0),
+    )
 
     def measure(job):
         time.sleep(measure_s)
@@ -52,10 +58,17 @@ def run(lanes: int, workers: int, measure_s: float, directory: str) -> float:
     pool = compile_pool(workers)
     try:
         list(pool.map(time.sleep, [0.5] * workers))  # every process started and idle
-        summary = tune(study, oracle.space, oracle.problem, oracle.device, [measure] * lanes,
-                       TuneSettings(n_trials=None, compile_workers=workers, measure=MeasureSettings(seed=1)),
-                       search=make_search("grid", oracle.space, oracle.problem, oracle.device, 1),
-                       compiler=sleeping_compile, pool=pool)
+        summary = tune(
+            study,
+            oracle.space,
+            oracle.problem,
+            oracle.device,
+            [measure] * lanes,
+            TuneSettings(n_trials=None, compile_workers=workers, measure=MeasureSettings(seed=1)),
+            search=make_search("grid", oracle.space, oracle.problem, oracle.device, 1),
+            compiler=sleeping_compile,
+            pool=pool,
+        )
     finally:
         pool.shutdown()
     print(f"{lanes} lane(s), {workers} compile processes: {summary.stats.line()}", flush=True)
@@ -74,8 +87,10 @@ def main() -> int:
         one = run(1, args.workers, args.measure_s, directory)
         two = run(2, 2 * args.workers + 1, args.measure_s, directory)
     ideal = args.workers / args.compile_s
-    print(f"one lane {one:.1f} configs/s (compiles allow {ideal:.1f}), two lanes {two:.1f} "
-          f"({(2 * args.workers + 1) / args.compile_s:.1f}): {two / one:.2f}x")
+    print(
+        f"one lane {one:.1f} configs/s (compiles allow {ideal:.1f}), two lanes {two:.1f} "
+        f"({(2 * args.workers + 1) / args.compile_s:.1f}): {two / one:.2f}x"
+    )
     return 0
 
 

@@ -59,8 +59,12 @@ def test_replays_with_the_same_seed_in_two_processes_give_the_same_figures(oracl
 
     first, second = in_a_new_process(), in_a_new_process()
     assert first.explorations > 0  # the loop drew configs of its own
-    assert (first.values, first.asks, first.repeats, first.explorations) == \
-        (second.values, second.asks, second.repeats, second.explorations)
+    assert (first.values, first.asks, first.repeats, first.explorations) == (
+        second.values,
+        second.asks,
+        second.repeats,
+        second.explorations,
+    )
 
 
 def test_compile_ahead_makes_proposals_before_earlier_results_are_known(oracle):
@@ -76,18 +80,30 @@ def test_summary_counts_evaluations_to_each_threshold(oracle):
     assert rows[0]["to_5%"]["median"] <= rows[0]["to_2%"]["median"] <= rows[0]["to_1%"]["median"]
     assert rows[0]["best_at_100"] <= 1.0
     short = summarize(oracle, replay(oracle, ["grid"], range(3), 5))
-    assert short[0]["to_1%"]["never"] <= 3 and (short[0]["to_1%"]["never"] == 0 or
-                                                math.isinf(short[0]["to_1%"]["p90"]))
+    assert short[0]["to_1%"]["never"] <= 3 and (short[0]["to_1%"]["never"] == 0 or math.isinf(short[0]["to_1%"]["p90"]))
 
 
 def test_the_command_prints_a_table_and_json(capsys):
-    args = ["replay", "--storage", URL, "--study", "grid-small", "--space", str(SPACE), "--seeds", "2",
-            "--budget", "15", "--jobs", "1"]
+    args = [
+        "replay",
+        "--storage",
+        URL,
+        "--study",
+        "grid-small",
+        "--space",
+        str(SPACE),
+        "--seeds",
+        "2",
+        "--budget",
+        "15",
+        "--jobs",
+        "1",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "620 measured configs" in out and "within 1%" in out
     assert [line.split()[0] for line in out.splitlines()[3:]] == ["pattern", "tpe", "random", "grid"]
-    assert main(args + ["--json", "--samplers", "random"]) == 0
+    assert main([*args, "--json", "--samplers", "random"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["budget"] == 15 and [r["sampler"] for r in data["rows"]] == ["random"]
 

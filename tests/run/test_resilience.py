@@ -18,15 +18,19 @@ from optuna.trial import TrialState
 
 from tuner.study import DUPLICATE_OF, STATUS
 
-
 REPO = Path(__file__).resolve().parents[2]
 FAST_HEARTBEAT = {"FLASHTUNE_HEARTBEAT_INTERVAL_S": "1", "FLASHTUNE_GRACE_PERIOD_S": "3"}
 
 
 def _start(storage: str, study: str, n_trials: int, log: Path, sleep_s: float = 0.05, env: dict | None = None):
-    return subprocess.Popen([sys.executable, "-m", "tests.fakes.standin_tuner", storage, study, str(n_trials), str(log),
-                             str(sleep_s)], cwd=REPO, env={**os.environ, **FAST_HEARTBEAT, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.standin_tuner", storage, study, str(n_trials), str(log), str(sleep_s)],
+        cwd=REPO,
+        env={**os.environ, **FAST_HEARTBEAT, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _trials(storage: str, study: str):
@@ -37,8 +41,13 @@ def _trials(storage: str, study: str):
 
 
 def _evaluated(trials):
-    return [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            and t.user_attrs.get(STATUS) not in (None, "infeasible") and DUPLICATE_OF not in t.user_attrs]
+    return [
+        t
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and t.user_attrs.get(STATUS) not in (None, "infeasible")
+        and DUPLICATE_OF not in t.user_attrs
+    ]
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -51,7 +60,9 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 
 def _measured_counts(log: Path) -> collections.Counter:
-    return collections.Counter(line for line in log.read_text().split() if line) if log.exists() else collections.Counter()
+    return (
+        collections.Counter(line for line in log.read_text().split() if line) if log.exists() else collections.Counter()
+    )
 
 
 def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp_path):
@@ -68,7 +79,7 @@ def test_kill_9_then_the_same_command_resumes_with_every_finished_trial_kept(tmp
     assert any(t.state == TrialState.RUNNING for t in _trials(storage, "killed"))  # what the kill left behind
 
     proc = _start(storage, "killed", 40, log)
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     after = _trials(storage, "killed")
     for t in after:  # finished trials are kept exactly
@@ -129,7 +140,7 @@ def test_concurrent_workers_on_postgres_measure_each_trial_once_and_lose_none(po
     log, workers, target = tmp_path / "measured.log", 6, 60
     procs = [_start(postgres.url, "concurrent", target, log, sleep_s=0.05) for _ in range(workers)]
     for p in procs:
-        out, err = p.communicate(timeout=600)
+        _out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
     trials = _trials(postgres.url, "concurrent")
     measured = _measured_counts(log)
@@ -147,14 +158,20 @@ def test_concurrent_workers_on_postgres_measure_each_trial_once_and_lose_none(po
 def test_a_killed_worker_s_running_trial_is_recovered_by_a_live_one(postgres, tmp_path):
     log = tmp_path / "measured.log"
     victim = _start(postgres.url, "victim", 30, log, sleep_s=2.0)  # slow: it will hold a RUNNING trial
-    _wait_for(lambda: any(t.state == TrialState.RUNNING for t in _trials(postgres.url, "victim")) and
-              len(_measured_counts(log)) >= 1, 120, "the victim to hold a trial")
+    _wait_for(
+        lambda: (
+            any(t.state == TrialState.RUNNING for t in _trials(postgres.url, "victim"))
+            and len(_measured_counts(log)) >= 1
+        ),
+        120,
+        "the victim to hold a trial",
+    )
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     held = {t.number for t in _trials(postgres.url, "victim") if t.state == TrialState.RUNNING}
     assert held
     survivor = _start(postgres.url, "victim", 30, log, sleep_s=0.05)
-    out, err = survivor.communicate(timeout=300)
+    _out, err = survivor.communicate(timeout=300)
     assert survivor.returncode == 0, err[-2000:]
     trials = {t.number: t for t in _trials(postgres.url, "victim")}
     assert any(len(trials[n].params) == 8 for n in held)  # it was measuring one (2 s each)

@@ -24,12 +24,26 @@ SECOND = {"block_m": 128, "block_n": 64, "stages": 2, "flag": 0}
 @pytest.fixture
 def tuned(sqlite_url, toy_space, problem, sm80):
     storage = open_storage(sqlite_url)
-    study = st.open_study(storage=storage, name="s", space=toy_space, problem=problem, gpu=GPU,
-                          sampler=make_sampler("random", toy_space, 1))
+    study = st.open_study(
+        storage=storage,
+        name="s",
+        space=toy_space,
+        problem=problem,
+        gpu=GPU,
+        sampler=make_sampler("random", toy_space, 1),
+    )
     study.enqueue_trial(BEST)
     study.enqueue_trial(SECOND)
-    tune(study, toy_space, problem, sm80, FakeMeasure(), TuneSettings(n_trials=8, compile_workers=1),
-         compiler=fake_compiler, search=make_search("random", toy_space, problem, sm80, 1))
+    tune(
+        study,
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(),
+        TuneSettings(n_trials=8, compile_workers=1),
+        compiler=fake_compiler,
+        search=make_search("random", toy_space, problem, sm80, 1),
+    )
     return study
 
 
@@ -50,8 +64,11 @@ def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
     assert entry["speedup_over_default"] > 1
     assert entry["rounds"] == 3
     latencies = [c["latency_ms"] for c in entry["candidates"]]
-    ranked = sorted((t for t in tuned.get_trials(states=(TrialState.COMPLETE,)) if st.DUPLICATE_OF not in t.user_attrs),
-                    key=lambda t: t.value, reverse=True)
+    ranked = sorted(
+        (t for t in tuned.get_trials(states=(TrialState.COMPLETE,)) if st.DUPLICATE_OF not in t.user_attrs),
+        key=lambda t: t.value,
+        reverse=True,
+    )
     contenders = {t.number for t in within_noise_of_best(ranked, 3)} | {st.default_trial(tuned).number}
     assert latencies == sorted(latencies) and {c["trial"] for c in entry["candidates"]} == contenders
     assert json.loads(json.dumps(entry)) == tuned.user_attrs["winner"]
@@ -61,7 +78,7 @@ def test_retime_stores_the_winner_with_speedup(tuned, toy_space, problem, sm80):
     n = len(contenders)
     assert len(measure.calls) == 3 * n
     first_round = [job.tag for job in measure.calls[:n]]
-    assert len(set(first_round)) == n and [job.tag for job in measure.calls[n:2 * n]] == first_round
+    assert len(set(first_round)) == n and [job.tag for job in measure.calls[n : 2 * n]] == first_round
     assert all(job.settings.check and job.settings.fresh_inputs and job.settings.timing for job in measure.calls)
     assert entry["rejected"] == []
     assert all(job.tag.startswith("retime-") for job in measure.calls)
@@ -106,8 +123,9 @@ def test_a_config_wrong_on_new_inputs_is_rejected(tuned, toy_space, problem, sm8
     measure = WrongOnNewInputs()
     entry = retime_top(tuned, toy_space, problem, sm80, measure, top_k=2, rounds=3, compiler=fake_compiler)
     assert entry["config"] == SECOND
-    assert entry["rejected"] == [{"trial": _number(tuned, BEST), "status": "wrong_result",
-                                  "detail": "O relative error 0.5 > 0.002 (fake)"}]
+    assert entry["rejected"] == [
+        {"trial": _number(tuned, BEST), "status": "wrong_result", "detail": "O relative error 0.5 > 0.002 (fake)"}
+    ]
     assert sum(job.config == BEST for job in measure.calls) == 1  # not measured again once out
 
 
@@ -125,8 +143,14 @@ def test_a_config_that_no_longer_compiles_is_skipped(tuned, toy_space, problem, 
 
 def test_no_complete_trial_gives_no_winner(sqlite_url, toy_space, problem, sm80):
     storage = open_storage(sqlite_url)
-    study = st.open_study(storage=storage, name="s", space=toy_space, problem=problem, gpu=GPU,
-                          sampler=make_sampler("random", toy_space, 1))
+    study = st.open_study(
+        storage=storage,
+        name="s",
+        space=toy_space,
+        problem=problem,
+        gpu=GPU,
+        sampler=make_sampler("random", toy_space, 1),
+    )
     assert retime_top(study, toy_space, problem, sm80, FakeMeasure(), compiler=fake_compiler) is None
     assert "winner" not in study.user_attrs
 
@@ -147,8 +171,9 @@ def test_retime_leaves_trials_alone(tuned, toy_space, problem, sm80):
 
 
 def _ranked(*values_and_spreads):
-    trials = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": s}})
-              for v, s in values_and_spreads]
+    trials = [
+        optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": s}}) for v, s in values_and_spreads
+    ]
     return sorted(trials, key=lambda t: t.value, reverse=True)
 
 
@@ -164,6 +189,8 @@ def test_the_candidates_are_the_trials_within_the_noise_of_the_best():
     assert [t.value for t in within_noise_of_best(_ranked((100.0, 0.0), (50.0, 0.0)), 5)] == [100.0, 50.0]
     assert within_noise_of_best([], 5) == [] and within_noise_of_best(ranked, 0) == []
     # a confidence half-width from the worker takes precedence over the spread
-    ci = [optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": 0.5, "rel_ci": c}})
-          for v, c in ((100.0, 0.002), (97.0, 0.002), (96.0, 0.002))]
+    ci = [
+        optuna.trial.create_trial(value=v, user_attrs={st.MEASUREMENT: {"spread": 0.5, "rel_ci": c}})
+        for v, c in ((100.0, 0.002), (97.0, 0.002), (96.0, 0.002))
+    ]
     assert [t.value for t in within_noise_of_best(ci, 5)] == [100.0, 97.0]

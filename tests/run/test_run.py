@@ -19,15 +19,27 @@ COMPILER = "tests.fakes.standin_tuner:standin_compile"
 
 
 def _spec(tmp_path, n_trials=24) -> RunSpec:
-    return RunSpec(family="sm80", problem=PROBLEM, storage_url=f"sqlite:///{tmp_path}/s.db", sampler="tpe", seed=3,
-                   settings=TuneSettings(n_trials=n_trials, compile_workers=2, compile_ahead=2), handler=HANDLER,
-                   compiler=COMPILER)
+    return RunSpec(
+        family="sm80",
+        problem=PROBLEM,
+        storage_url=f"sqlite:///{tmp_path}/s.db",
+        sampler="tpe",
+        seed=3,
+        settings=TuneSettings(n_trials=n_trials, compile_workers=2, compile_ahead=2),
+        handler=HANDLER,
+        compiler=COMPILER,
+    )
 
 
 def _evaluated(spec):
     trials = optuna.load_study(study_name=spec.study_name, storage=spec.storage_url).get_trials(deepcopy=False)
-    return trials, [t for t in trials if t.state.is_finished() and t.user_attrs.get(STATUS) not in (None, "infeasible")
-                    and DUPLICATE_OF not in t.user_attrs]
+    return trials, [
+        t
+        for t in trials
+        if t.state.is_finished()
+        and t.user_attrs.get(STATUS) not in (None, "infeasible")
+        and DUPLICATE_OF not in t.user_attrs
+    ]
 
 
 def test_two_gpus_share_one_loop(tmp_path):
@@ -45,7 +57,12 @@ def test_a_worker_joins_with_the_study_s_own_family_problem_and_target(tmp_path)
     spec = prepare_study(_spec(tmp_path, n_trials=10), infos[0])
     run_on_gpus(spec, [0], infos)
     joined = join_study(spec.storage_url, spec.study_name, n_trials=16)
-    assert (joined.spec.family, joined.spec.problem, joined.spec.sampler, joined.spec.seed) == ("sm80", PROBLEM, "tpe", 3)
+    assert (joined.spec.family, joined.spec.problem, joined.spec.sampler, joined.spec.seed) == (
+        "sm80",
+        PROBLEM,
+        "tpe",
+        3,
+    )
     joined = dataclasses.replace(joined, spec=dataclasses.replace(joined.spec, handler=HANDLER, compiler=COMPILER))
     run_on_gpus(joined, [0], infos)
     assert len(_evaluated(spec)[1]) == 16
@@ -75,11 +92,18 @@ def test_a_gpu_of_another_model_cannot_join_a_study(tmp_path, monkeypatch):
         run_on_gpus(spec, [0], [other])
 
 
-@pytest.mark.parametrize(("family", "arch", "fragment"), [
-    ("sm90", 100, "sm90 is built for sm_90a only (arch-specific instructions); the device is sm_100 (Blackwell stand-in)"
-                  "; families that run there: sm80"),
-    ("sm90", 80, "sm90 is built for sm_90a only"),
-])
+@pytest.mark.parametrize(
+    ("family", "arch", "fragment"),
+    [
+        (
+            "sm90",
+            100,
+            "sm90 is built for sm_90a only (arch-specific instructions); the device is sm_100 (Blackwell stand-in)"
+            "; families that run there: sm80",
+        ),
+        ("sm90", 80, "sm90 is built for sm_90a only"),
+    ],
+)
 def test_a_family_that_cannot_run_on_the_gpu_is_refused_before_a_study_exists(tmp_path, family, arch, fragment):
     from dataclasses import replace
 
@@ -98,8 +122,10 @@ def test_a_suite_on_two_gpus_tunes_each_study_on_one_of_them_with_one_worker_eac
     from tuner.study import is_finished, load_suite, suite_studies
 
     path = tmp_path / "mini.toml"
-    path.write_text('family = "sm80"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\nhead_dim = 128\nheads = 8\n'
-                    "seqlen = [512, 1024]\nbatch = 2\n")
+    path.write_text(
+        'family = "sm80"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\nhead_dim = 128\nheads = 8\n'
+        "seqlen = [512, 1024]\nbatch = 2\n"
+    )
     suite = load_suite(path)
     infos = gpu_infos([0, 1], handler=HANDLER)
     base = _spec(tmp_path, n_trials=6)
@@ -131,6 +157,7 @@ def test_one_run_loads_its_space_opens_its_storage_and_loads_its_study_once(tmp_
         def call(*args, **kwargs):
             calls[name] += 1
             return function(*args, **kwargs)
+
         return call
 
     monkeypatch.setattr(run_module, "load_space", counted("space", run_module.load_space))

@@ -10,10 +10,9 @@ import pytest
 
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.run import ReplayError, replay, replay_one, summarize
-from tuner.space import config_key, load_space
-from tuner.run import additive, feasible_configs, landscapes, planted
+from tuner.run import ReplayError, additive, feasible_configs, landscapes, planted, replay, replay_one, summarize
 from tuner.run._synthetic import main
+from tuner.space import config_key, load_space
 
 H200 = limits_for_arch(90)
 SM90_SMALL = Path(__file__).resolve().parents[1] / "data" / "sm90_small.toml"
@@ -112,12 +111,25 @@ def test_a_synthetic_oracle_replays_through_the_tuning_loop():
 
 
 def test_the_synthetic_command_prints_a_table_and_markdown(capsys):
-    args = ["--space", str(SM90_SMALL), "--kind", "planted", "--samplers", "pattern,grid", "--seeds", "2",
-            "--budget", "12", "--full", "--seqlen", "1024"]
+    args = [
+        "--space",
+        str(SM90_SMALL),
+        "--kind",
+        "planted",
+        "--samplers",
+        "pattern,grid",
+        "--seeds",
+        "2",
+        "--budget",
+        "12",
+        "--full",
+        "--seqlen",
+        "1024",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "planted landscapes over sm90_small: fp16-d128-full-b4-h16-n1024" in out
     assert [line.split()[0] for line in out.splitlines()[3:]] == ["pattern", "grid"]
-    assert main(args + ["--markdown"]) == 0
+    assert main([*args, "--markdown"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 2 and rows[0].startswith("| planted sm90_small") and "| pattern |" in rows[0]

@@ -13,8 +13,14 @@ from tuner.run import TuneSettings, tune
 from tuner.search import make_sampler, make_search
 from tuner.study import open_storage
 
-GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
-       "driver": "0.0"}
+GPU = {
+    "name": "Fake GPU",
+    "arch": 80,
+    "num_sms": 108,
+    "smem_per_block_optin": 166912,
+    "regs_per_sm": 65536,
+    "driver": "0.0",
+}
 
 INFEASIBLE = {"block_m": 64, "block_n": 128, "stages": 3, "flag": 0}  # 212992 B of smem at d128 > sm_80's 166912
 COMPILE_ERROR = {"block_m": 64, "block_n": 32, "stages": 1, "flag": 0}
@@ -27,8 +33,9 @@ def storage(sqlite_url):
 
 
 def make_study(storage, space, problem, *, name="toy-study", seed=0, sampler="random"):
-    return st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=GPU,
-                         sampler=make_sampler(sampler, space, seed))
+    return st.open_study(
+        storage=storage, name=name, space=space, problem=problem, gpu=GPU, sampler=make_sampler(sampler, space, seed)
+    )
 
 
 def settings(n_trials, **kw):
@@ -42,8 +49,13 @@ def tune_study(study, space, problem, device, measure, run_settings, *, sampler=
 
 
 def evaluated_trials(study):
-    return [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            and t.user_attrs.get(st.STATUS) != "infeasible" and st.DUPLICATE_OF not in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials()
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and t.user_attrs.get(st.STATUS) != "infeasible"
+        and st.DUPLICATE_OF not in t.user_attrs
+    ]
 
 
 def snapshot(study):
@@ -111,8 +123,11 @@ def test_statuses_of_every_kind(storage, toy_space, problem, sm80):
 
     # infeasible configs and duplicates do not count towards n_trials
     assert len(evaluated_trials(study)) == 8 == summary.evaluated == sum(st.is_evaluated(t) for t in trials)
-    assert summary.infeasible == sum(t.user_attrs[st.STATUS] == "infeasible" and st.DUPLICATE_OF not in t.user_attrs
-                                     for t in trials) >= 1
+    assert (
+        summary.infeasible
+        == sum(t.user_attrs[st.STATUS] == "infeasible" and st.DUPLICATE_OF not in t.user_attrs for t in trials)
+        >= 1
+    )
     assert summary.duplicates == sum(st.DUPLICATE_OF in t.user_attrs for t in trials) >= 1
     assert summary.failed >= 2
     assert "8 evaluated" in summary.stopped_because, summary.stopped_because
@@ -144,15 +159,17 @@ def test_duplicate_proposed_while_the_original_compiles(storage, toy_space, prob
 
 def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space, problem, sm80):
     study = make_study(storage, toy_space, problem)
-    first = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(4, compile_ahead=2),
-                 compiler=fake_compiler)
+    first = tune_study(
+        study, toy_space, problem, sm80, FakeMeasure(), settings(4, compile_ahead=2), compiler=fake_compiler
+    )
     assert first.evaluated == 4 == len(evaluated_trials(study))
     before = snapshot(study)
 
     resumed = make_study(storage, toy_space, problem)  # as a second `flashtune tune` would
     assert len(resumed.get_trials()) == len(before)
-    second = tune_study(resumed, toy_space, problem, sm80, FakeMeasure(), settings(9, compile_ahead=2),
-                  compiler=fake_compiler)
+    second = tune_study(
+        resumed, toy_space, problem, sm80, FakeMeasure(), settings(9, compile_ahead=2), compiler=fake_compiler
+    )
     assert len(evaluated_trials(resumed)) == 9
     assert second.evaluated == 5  # this run's share
     assert snapshot(resumed)[: len(before)] == before
@@ -161,8 +178,9 @@ def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space
     # a third run with the same budget has nothing to do
     count = len(resumed.get_trials())
     measure = FakeMeasure()
-    third = tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, measure, settings(9),
-                 compiler=fake_compiler)
+    third = tune_study(
+        make_study(storage, toy_space, problem), toy_space, problem, sm80, measure, settings(9), compiler=fake_compiler
+    )
     assert third.evaluated == 0 and not measure.calls
     assert len(resumed.get_trials()) == count
     assert "9 evaluated" in third.stopped_because
@@ -172,8 +190,15 @@ def test_resume_keeps_earlier_trials_and_completes_the_budget(storage, toy_space
 def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, interrupt_at):
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
-        tune_study(study, toy_space, problem, sm80, FakeMeasure(interrupt_at=interrupt_at), settings(8, compile_ahead=3),
-             compiler=fake_compiler)
+        tune_study(
+            study,
+            toy_space,
+            problem,
+            sm80,
+            FakeMeasure(interrupt_at=interrupt_at),
+            settings(8, compile_ahead=3),
+            compiler=fake_compiler,
+        )
     trials = study.get_trials()
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert [t.user_attrs.get(st.STATUS) for t in trials if t.state == TrialState.FAIL]  # told, not left open
@@ -186,8 +211,15 @@ def test_interrupt_leaves_no_trial_running(storage, toy_space, problem, sm80, in
     assert sum(bool(t.user_attrs.get(st.IS_DEFAULT)) for t in requeued) == (interrupt_at == 1)  # the default first
 
     # resuming finishes the budget; interrupted configs are tried again, finished ones are kept
-    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(8),
-         compiler=fake_compiler)
+    tune_study(
+        make_study(storage, toy_space, problem),
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(),
+        settings(8),
+        compiler=fake_compiler,
+    )
     assert len(evaluated_trials(study)) == 8
     after = {s[0]: s for s in snapshot(study)}
     assert [after[s[0]] for s in done_before] == done_before
@@ -202,8 +234,15 @@ def test_time_budget(storage, toy_space, problem, sm80):
 
     study = make_study(storage, toy_space, problem)
     start = time.monotonic()
-    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(delay_s=0.3), TuneSettings(n_trials=None, timeout_s=1.5,
-                   compile_workers=1, compile_ahead=1), compiler=fake_compiler)
+    summary = tune_study(
+        study,
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(delay_s=0.3),
+        TuneSettings(n_trials=None, timeout_s=1.5, compile_workers=1, compile_ahead=1),
+        compiler=fake_compiler,
+    )
     assert summary.stopped_because == "time budget used"
     assert time.monotonic() - start < 10
     assert 1 <= summary.evaluated < 20
@@ -218,18 +257,24 @@ def test_exhausted_space_stops(tmp_path, storage, problem, sm80):
     path.write_text(toy_space_text(block_m=(64,), block_n=(64, 128), stages=(2,), flag=(0, 1)))
     space = load_space(path)
     study = make_study(storage, space, problem)
-    summary = tune_study(study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1),
-                   compiler=fake_compiler)
+    summary = tune_study(
+        study, space, problem, sm80, FakeMeasure(), settings(50, compile_ahead=1), compiler=fake_compiler
+    )
     assert "exhausted" in summary.stopped_because
     assert summary.evaluated == 4 == len(evaluated_trials(study))
     assert {tuple(t.params.values()) for t in evaluated_trials(study)} == {
-        (64, 64, 2, 0), (64, 64, 2, 1), (64, 128, 2, 0), (64, 128, 2, 1)}
+        (64, 64, 2, 0),
+        (64, 64, 2, 1),
+        (64, 128, 2, 0),
+        (64, 128, 2, 1),
+    }
 
 
 def test_dead_compile_process_is_a_compile_error(storage, toy_space, problem, sm80):
     study = make_study(storage, toy_space, problem)
-    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(1, compile_ahead=1),
-                   compiler=exploding_compiler)
+    summary = tune_study(
+        study, toy_space, problem, sm80, FakeMeasure(), settings(1, compile_ahead=1), compiler=exploding_compiler
+    )
     trial = study.get_trials()[0]
     assert trial.state == TrialState.PRUNED and trial.user_attrs[st.STATUS] == "compile_error"
     assert "compile process died" in trial.user_attrs[st.REASON]
@@ -238,12 +283,20 @@ def test_dead_compile_process_is_a_compile_error(storage, toy_space, problem, sm
 
 def test_progress_events(storage, toy_space, problem, sm80):
     events = []
-    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, FakeMeasure(), settings(3),
-         compiler=fake_compiler, progress=events.append)
+    tune_study(
+        make_study(storage, toy_space, problem),
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(),
+        settings(3),
+        compiler=fake_compiler,
+        progress=events.append,
+    )
     assert events[-1]["event"] == "done" and events[-1]["evaluated"] == 3 and events[-1]["target"] == 3
     assert sum(e["event"] == "trial" for e in events) == 3
     assert events[-1]["best_tflops"] is not None
-    assert events[-1]["configs_per_s"] > 0 and 0 <= events[-1]["gpu_busy"] and events[-1]["compile_wait_s"] >= 0
+    assert events[-1]["configs_per_s"] > 0 and events[-1]["gpu_busy"] >= 0 and events[-1]["compile_wait_s"] >= 0
 
 
 def test_the_progress_line_shows_throughput():
@@ -252,8 +305,19 @@ def test_the_progress_line_shows_throughput():
     from tuner.run import Progress
 
     out = io.StringIO()
-    Progress(out)({"event": "done", "evaluated": 7, "target": 10, "best_tflops": 512.25, "compiling": 3,
-                   "infeasible": 2, "failed": 1, "configs_per_s": 4.5, "gpu_busy": 0.62})
+    Progress(out)(
+        {
+            "event": "done",
+            "evaluated": 7,
+            "target": 10,
+            "best_tflops": 512.25,
+            "compiling": 3,
+            "infeasible": 2,
+            "failed": 1,
+            "configs_per_s": 4.5,
+            "gpu_busy": 0.62,
+        }
+    )
     line = out.getvalue()
     assert "7/10 trials" in line and "512.2 TFLOPS" in line and "4.50 configs/s" in line and "GPU busy 62%" in line
 
@@ -272,8 +336,9 @@ def test_a_run_stores_and_returns_its_throughput(storage, toy_space, problem, sm
 @pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
 def test_each_sampler_runs_a_study(storage, toy_space, problem, sm80, sampler):
     study = make_study(storage, toy_space, problem, sampler=sampler, name=f"s-{sampler}")
-    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler,
-                         sampler=sampler)
+    summary = tune_study(
+        study, toy_space, problem, sm80, FakeMeasure(), settings(5), compiler=fake_compiler, sampler=sampler
+    )
     assert summary.evaluated == 5
     assert study.get_trials()[0].params == toy_space.defaults()
 
@@ -285,8 +350,9 @@ def test_the_grid_sampler_covers_a_small_space_and_stops_as_exhausted(storage, t
     (tmp_path / "toy.toml").write_text(toy_space_text(block_m=(32, 64), block_n=(32, 64), stages=(1, 2)))
     space = load_space(tmp_path / "toy.toml")  # 16 points, all statically feasible
     study = make_study(storage, space, problem, sampler="grid", name="grid")
-    summary = tune_study(study, space, problem, sm80, FakeMeasure(), settings(50),
-                         compiler=fake_compiler, sampler="grid")
+    summary = tune_study(
+        study, space, problem, sm80, FakeMeasure(), settings(50), compiler=fake_compiler, sampler="grid"
+    )
     assert "space exhausted" in summary.stopped_because
     trials = study.get_trials()
     assert not [t for t in trials if t.state in (TrialState.FAIL, TrialState.RUNNING)]
@@ -296,8 +362,9 @@ def test_the_grid_sampler_covers_a_small_space_and_stops_as_exhausted(storage, t
 
 def _first_value(distribution):
     """What a sampler draws for a knob's first value (an ordered knob is searched as its value index)."""
-    return distribution.low if isinstance(distribution, optuna.distributions.IntDistribution) \
-        else distribution.choices[0]
+    return (
+        distribution.low if isinstance(distribution, optuna.distributions.IntDistribution) else distribution.choices[0]
+    )
 
 
 class _StuckSampler(optuna.samplers.BaseSampler):
@@ -316,17 +383,25 @@ class _StuckSampler(optuna.samplers.BaseSampler):
 def test_a_sampler_that_repeats_itself_gets_unseen_configs_explored(storage, toy_space, problem, sm80):
     from tuner.search import OptunaSearch
 
-    study = st.open_study(storage=storage, name="stuck", space=toy_space, problem=problem, gpu=GPU,
-                          sampler=_StuckSampler())
-    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(6, compile_ahead=1),
-                         compiler=fake_compiler, search=OptunaSearch(toy_space, problem, sm80, 0, _StuckSampler()))
+    study = st.open_study(
+        storage=storage, name="stuck", space=toy_space, problem=problem, gpu=GPU, sampler=_StuckSampler()
+    )
+    summary = tune_study(
+        study,
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(),
+        settings(6, compile_ahead=1),
+        compiler=fake_compiler,
+        search=OptunaSearch(toy_space, problem, sm80, 0, _StuckSampler()),
+    )
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 6 and summary.stopped_because == "the study holds 6 evaluated trials"
     assert len({tuple(sorted(t.params.items())) for t in evaluated}) == 6  # six different configs
     assert sum(1 for t in evaluated if t.user_attrs.get(st.EXPLORATION)) >= 4  # all but the default and the stuck one
     assert summary.explorations >= 4
     assert not [t for t in study.get_trials() if st.DUPLICATE_OF in t.user_attrs]  # repeats never reach storage
-
 
 
 class _InfeasibleSampler(_StuckSampler):
@@ -349,15 +424,24 @@ class _InfeasibleSampler(_StuckSampler):
         return self.space.knob(param_name).values.index(value) if is_index else value
 
 
-def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing_them(storage, toy_space, problem,
-                                                                                      sm80):
+def test_a_sampler_lost_in_infeasible_configs_gets_them_repaired_without_storing_them(
+    storage, toy_space, problem, sm80
+):
     from tuner.search._optuna import OptunaSearch
 
     sampler = _InfeasibleSampler(toy_space, problem, sm80)
     study = st.open_study(storage=storage, name="lost", space=toy_space, problem=problem, gpu=GPU, sampler=sampler)
     search = OptunaSearch(toy_space, problem, sm80, 0, sampler)
-    summary = tune_study(study, toy_space, problem, sm80, FakeMeasure(), settings(5, compile_ahead=1), search=search,
-                   compiler=fake_compiler)
+    summary = tune_study(
+        study,
+        toy_space,
+        problem,
+        sm80,
+        FakeMeasure(),
+        settings(5, compile_ahead=1),
+        search=search,
+        compiler=fake_compiler,
+    )
     evaluated = evaluated_trials(study)
     assert len(evaluated) == 5 and summary.stopped_because == "the study holds 5 evaluated trials"
     assert not [t for t in study.get_trials() if t.user_attrs.get(st.STATUS) == "infeasible"]  # none stored
@@ -382,8 +466,16 @@ def test_storing_again_after_a_lost_reply_keeps_the_committed_outcome(storage):
         store()
         return store()
 
-    frozen = _finish(study, TrialRef.of(trial), commit_then_lose_the_reply, config=trial.params,
-                     dists=trial.distributions, status="ok", attrs={"note": 1}, value=12.5)
+    frozen = _finish(
+        study,
+        TrialRef.of(trial),
+        commit_then_lose_the_reply,
+        config=trial.params,
+        dists=trial.distributions,
+        status="ok",
+        attrs={"note": 1},
+        value=12.5,
+    )
     assert (frozen.state, frozen.value, frozen.user_attrs["note"]) == (TrialState.COMPLETE, 12.5, 1)
     assert calls == [f"storing trial {trial.number}"]
 
@@ -400,7 +492,9 @@ def test_a_gpu_worker_that_cannot_restart_stops_the_run_without_blaming_the_tria
 
     study = make_study(storage, toy_space, problem)
     with pytest.raises(WorkerUnavailable):
-        tune_study(study, toy_space, problem, sm80, DiesAtSecond(), settings(6, compile_ahead=1), compiler=fake_compiler)
+        tune_study(
+            study, toy_space, problem, sm80, DiesAtSecond(), settings(6, compile_ahead=1), compiler=fake_compiler
+        )
     trials = study.get_trials()
     assert not [t for t in trials if t.user_attrs.get(st.STATUS) in ("launch_error", "crashed", "timeout")]
     [stopped] = [t for t in trials if t.state == TrialState.FAIL]
@@ -408,12 +502,14 @@ def test_a_gpu_worker_that_cannot_restart_stops_the_run_without_blaming_the_tria
     assert [t.user_attrs["requeued_from"] for t in trials if t.state == TrialState.WAITING] == [stopped.number]
 
 
-def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(storage, toy_space, problem, sm80,
-                                                                          monkeypatch):
+def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(
+    storage, toy_space, problem, sm80, monkeypatch
+):
     import tuner.run._loop as tune_mod
 
     def interrupted_draw(trial, dists):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(tune_mod, "_draw", interrupted_draw)
     study = make_study(storage, toy_space, problem)
     with pytest.raises(KeyboardInterrupt):
@@ -498,7 +594,9 @@ def test_each_gpu_is_prepared_once_before_its_first_measurement(storage, toy_spa
             return super().__call__(job)
 
     gpus = [Prepared(), Prepared()]
-    tune_study(make_study(storage, toy_space, problem), toy_space, problem, sm80, gpus, settings(6), compiler=fake_compiler)
+    tune_study(
+        make_study(storage, toy_space, problem), toy_space, problem, sm80, gpus, settings(6), compiler=fake_compiler
+    )
     for g in gpus:
         mine = [e for e in events if e[1] == id(g)]
         assert mine[0] == ("prepare", id(g), problem, settings(6).measure)
@@ -525,12 +623,18 @@ def test_compile_processes_exit_when_their_tuner_is_killed(tmp_path):
     import sys
     import time
 
-    script = ("import os, sys; from tuner.run import compile_pool\n"
-              "pool = compile_pool(2)\n"
-              "print(*{pool.submit(os.getpid).result() for _ in range(8)}, flush=True)\n"
-              "import time; time.sleep(600)\n")
-    tuner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    script = (
+        "import os, sys; from tuner.run import compile_pool\n"
+        "pool = compile_pool(2)\n"
+        "print(*{pool.submit(os.getpid).result() for _ in range(8)}, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    tuner = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
     children = [int(pid) for pid in tuner.stdout.readline().split()]
     assert children
     tuner.send_signal(signal.SIGKILL)
@@ -548,4 +652,3 @@ def test_compile_processes_exit_when_their_tuner_is_killed(tmp_path):
     while any(alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in children if alive(p)]
-

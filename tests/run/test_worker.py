@@ -19,9 +19,17 @@ HANDLER = FakeGpu
 
 
 def job(tag: str) -> MeasureJob:
-    return MeasureJob(cubin_path="/nonexistent.cubin", entry="flashtune_fwd", abi="flat", grid=(1, 1, 1), threads=128,
-                      smem_bytes=0, problem=Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=64),
-                      config={"block_m": 64}, tag=tag)
+    return MeasureJob(
+        cubin_path="/nonexistent.cubin",
+        entry="flashtune_fwd",
+        abi="flat",
+        grid=(1, 1, 1),
+        threads=128,
+        smem_bytes=0,
+        problem=Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=64),
+        config={"block_m": 64},
+        tag=tag,
+    )
 
 
 @pytest.fixture
@@ -192,7 +200,7 @@ def test_the_typed_calls_reach_the_handler(worker):
 def test_handler_that_dies_while_starting_raises_worker_crashed():
     w = Worker(handler=ExitingSetup, startup_timeout_s=60)
     try:
-        with pytest.raises(WorkerUnavailable, match="died while starting.*exit code 7"):
+        with pytest.raises(WorkerUnavailable, match=r"died while starting.*exit code 7"):
             w.call(FakeGpu.pid)
     finally:
         w.close()
@@ -220,13 +228,21 @@ def test_calls_from_several_threads_take_turns():
     from tuner.gpu import MeasureJob, MeasureSettings
     from tuner.problem import Problem
 
-    job = MeasureJob(cubin_path="", entry="", abi="", grid=(1, 1, 1), threads=1, smem_bytes=0,
-                     problem=Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=64),
-                     config={"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}, abi_params={},
-                     settings=MeasureSettings(), tag="t")
+    job = MeasureJob(
+        cubin_path="",
+        entry="",
+        abi="",
+        grid=(1, 1, 1),
+        threads=1,
+        smem_bytes=0,
+        problem=Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=64),
+        config={"block_m": 64, "block_n": 64, "stages": 2, "flag": 0},
+        abi_params={},
+        settings=MeasureSettings(),
+        tag="t",
+    )
     with Worker(handler=FakeGpu) as worker, cf.ThreadPoolExecutor(8) as pool:
-        calls = [pool.submit(worker.device_info) if i % 2 else pool.submit(worker.measure, job)
-                 for i in range(80)]
+        calls = [pool.submit(worker.device_info) if i % 2 else pool.submit(worker.measure, job) for i in range(80)]
         results = [f.result() for f in calls]
     assert all(isinstance(r, dict) for r in results[1::2])
     assert all(isinstance(r, MeasureResult) and r.status == "ok" for r in results[0::2])
@@ -236,15 +252,17 @@ def test_the_worker_and_its_default_handler_are_named_without_cupy():
     """The tuner's process starts workers on machines where only the child has a GPU (and CI has no CuPy)."""
     import subprocess
 
-    code = ("import sys; sys.modules['cupy'] = None; sys.modules['cupy_backends'] = None\n"
-            "import tuner.gpu as gpu\n"
-            "from tuner.run import Worker\n"
-            "assert Worker().handler is gpu.CupyHandler and 'Kernel' in gpu.__all__\n"
-            "try:\n"
-            "    gpu.Kernel\n"
-            "except ImportError as e:\n"
-            "    assert 'cupy' in str(e), e\n"
-            "else:\n"
-            "    raise AssertionError('tuner.gpu.Kernel needs CuPy: loaded when first asked for')\n")
+    code = (
+        "import sys; sys.modules['cupy'] = None; sys.modules['cupy_backends'] = None\n"
+        "import tuner.gpu as gpu\n"
+        "from tuner.run import Worker\n"
+        "assert Worker().handler is gpu.CupyHandler and 'Kernel' in gpu.__all__\n"
+        "try:\n"
+        "    gpu.Kernel\n"
+        "except ImportError as e:\n"
+        "    assert 'cupy' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('tuner.gpu.Kernel needs CuPy: loaded when first asked for')\n"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr

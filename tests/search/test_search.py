@@ -60,11 +60,11 @@ def test_seeded_samplers_are_reproducible(name, toy_space):
 
 
 def test_unknown_sampler(toy_space, problem):
-    with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
+    with pytest.raises(SamplerError, match=r"unknown sampler 'cmaes'.*tpe"):
         make_sampler("cmaes", None, 0)  # type: ignore[arg-type]
-    with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
+    with pytest.raises(SamplerError, match=r"unknown sampler 'cmaes'.*tpe"):
         make_search("cmaes", toy_space, problem, _limits(), 0)
-    with pytest.raises(SamplerError, match="unknown sampler 'cmaes'.*tpe"):
+    with pytest.raises(SamplerError, match=r"unknown sampler 'cmaes'.*tpe"):
         check_search("cmaes", toy_space)
 
 
@@ -145,7 +145,9 @@ def test_ordered_knobs_are_searched_as_value_indices_and_categories_stay_categor
 def test_a_space_file_says_ordered_with_a_boolean(tmp_path):
     from tuner.space import SpaceError
 
-    (tmp_path / "toy.toml").write_text(toy_space_text().replace('help = "K/V ring depth"', 'help = "K/V ring depth"\nordered = 1', 1))
+    (tmp_path / "toy.toml").write_text(
+        toy_space_text().replace('help = "K/V ring depth"', 'help = "K/V ring depth"\nordered = 1', 1)
+    )
     with pytest.raises(SpaceError, match="ordered must be true"):
         load_space(tmp_path / "toy.toml")
 
@@ -165,8 +167,10 @@ def test_the_exhaustive_search_proposes_every_feasible_config_once_in_a_seeded_o
     first = sweep(1)
     feasible = [c for c in first if toy_space.check(c, problem, _limits()) is None]
     assert first == feasible and len({config_key(c) for c in first}) == len(first)
-    everything = [dict(zip(("block_m", "block_n", "stages", "flag"), v)) for v in
-                  __import__("itertools").product((32, 64, 128), (32, 64, 128), (1, 2, 3), (0, 1))]
+    everything = [
+        dict(zip(("block_m", "block_n", "stages", "flag"), v))
+        for v in __import__("itertools").product((32, 64, 128), (32, 64, 128), (1, 2, 3), (0, 1))
+    ]
     assert len(first) == sum(toy_space.check(c, problem, _limits()) is None for c in everything) < len(everything)
     assert sweep(1) == first and sweep(2) != first
 

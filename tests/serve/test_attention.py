@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
 
-from tests.fakes.standin_launch import H200, StandInGPU, install  # noqa: E402
 import tuner  # noqa: E402
+from tests.fakes.standin_launch import H200, StandInGPU, install  # noqa: E402
 from tuner.files import _read as filekey  # noqa: E402
 from tuner.paths import SEARCH_SPACES  # noqa: E402
 from tuner.space import load_space  # noqa: E402
@@ -42,9 +42,11 @@ def gpu(monkeypatch):
 
 def qkv(batch=2, seqlen_q=256, seqlen_k=None, heads_q=4, heads_kv=None, head_dim=128, dtype=torch.float16):
     seqlen_k, heads_kv = seqlen_k or seqlen_q, heads_kv or heads_q
-    return (torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype),
-            torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype),
-            torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype))
+    return (
+        torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=dtype),
+        torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype),
+        torch.randn(batch, seqlen_k, heads_kv, head_dim, dtype=dtype),
+    )
 
 
 def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
@@ -56,8 +58,11 @@ def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
     geometry = space.launch(config, problem, H200)
     assert gpu.loaded[-1]["config"] == config and problem.causal and problem.heads_kv == 2
     launched = gpu.last
-    assert (launched["grid"], launched["threads"], launched["smem_bytes"]) == (geometry.grid, geometry.threads,
-                                                                               geometry.smem_bytes)
+    assert (launched["grid"], launched["threads"], launched["smem_bytes"]) == (
+        geometry.grid,
+        geometry.threads,
+        geometry.smem_bytes,
+    )
     assert launched["stream"] == 0x5EA
     args = launched["args"]
     assert args[:5] == [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()]
@@ -67,7 +72,7 @@ def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
     assert o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
     assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32
     tuner.attention(q, k, v, causal=True)
-    assert gpu.last["args"][22] == pytest.approx(1 / 128 ** 0.5)  # the default scale
+    assert gpu.last["args"][22] == pytest.approx(1 / 128**0.5)  # the default scale
     assert len(gpu.loaded) == 1  # one plan for both calls
 
 
@@ -106,9 +111,17 @@ def test_the_cached_path_reads_no_file_and_parses_nothing(gpu, monkeypatch, tmp_
         raise AssertionError("the cached path read or parsed a file")
 
     with monkeypatch.context() as m:
-        for target, name in ((ta, "load_space"), (ta, "parse_header"), (filekey, "read_limited"),
-                             (ta, "_load_function"), (ta, "_device_limits"), (pathlib.Path, "read_text"),
-                             (pathlib.Path, "read_bytes"), (builtins, "open"), (os, "open")):
+        for target, name in (
+            (ta, "load_space"),
+            (ta, "parse_header"),
+            (filekey, "read_limited"),
+            (ta, "_load_function"),
+            (ta, "_device_limits"),
+            (pathlib.Path, "read_text"),
+            (pathlib.Path, "read_bytes"),
+            (builtins, "open"),
+            (os, "open"),
+        ):
             m.setattr(target, name, refuse)
         for _ in range(50):
             tuner.attention(q, k, v, causal=True, config=header)
@@ -211,7 +224,7 @@ def test_an_edited_header_is_never_served_stale(gpu, tmp_path):
     tuner.attention(q, k, v, causal=True, config=pathlib.Path(header))
     assert gpu.loaded[-1]["config"]["block_n"] == 64
     header.unlink()
-    with pytest.raises(ta.AttentionError, match="cannot read config header .*best.h"):
+    with pytest.raises(ta.AttentionError, match=r"cannot read config header .*best.h"):
         tuner.attention(q, k, v, causal=True, config=header)
 
 
@@ -220,7 +233,7 @@ def test_a_header_for_another_problem_is_refused(gpu, tmp_path):
     q, k, v = qkv()
     for made_for in ({"head_dim": 64}, {"causal": False}, {"dtype": "bf16"}):
         header = write_header(tmp_path / "other.h", space, {}, **made_for)
-        with pytest.raises(ta.AttentionError, match="was exported for .* but this call is head_dim 128, fp16, causal"):
+        with pytest.raises(ta.AttentionError, match=r"was exported for .* but this call is head_dim 128, fp16, causal"):
             tuner.attention(q, k, v, causal=True, config=header)
     assert not gpu.launches
 
@@ -281,13 +294,17 @@ def test_import_tuner_without_pytorch_or_cupy(tmp_path):
     import sys
 
     blocker = tmp_path / "sitecustomize.py"
-    blocker.write_text("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
-                       "        if name.split('.')[0] in ('torch', 'cupy'):\n"
-                       "            raise ImportError(f'{name} is blocked')\n"
-                       "sys.meta_path.insert(0, Block())\n")
-    probe = ("import sys, tuner; assert callable(tuner.attention); "
-             "assert not {'torch', 'cupy', 'optuna'} & set(sys.modules), sorted({'torch', 'cupy', 'optuna'} & "
-             "set(sys.modules))")
+    blocker.write_text(
+        "import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'cupy'):\n"
+        "            raise ImportError(f'{name} is blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    probe = (
+        "import sys, tuner; assert callable(tuner.attention); "
+        "assert not {'torch', 'cupy', 'optuna'} & set(sys.modules), sorted({'torch', 'cupy', 'optuna'} & "
+        "set(sys.modules))"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(pathlib.Path(ta.__file__).parents[1])]))
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr

@@ -24,7 +24,7 @@ register_torch_op()  # tuner may have been imported before PyTorch (then importi
 
 def reference(q, k, v, causal, softmax_scale, family, config, tuned):
     """(O, LSE) in float32 math, O in q's dtype: what the kernel computes (bottom-right causal mask)."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    _batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, group = k.shape[1], heads_q // k.shape[2]
     qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
     kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
@@ -52,16 +52,20 @@ def cpu_kernel(monkeypatch):
 
 def inputs(dtype=torch.float16, seqlen_q=96, seqlen_k=128, heads_q=4, heads_kv=2):
     gen = torch.Generator().manual_seed(0)
-    return (torch.randn(2, seqlen_q, heads_q, 64, dtype=dtype, generator=gen),
-            torch.randn(2, seqlen_k, heads_kv, 64, dtype=dtype, generator=gen),
-            torch.randn(2, seqlen_k, heads_kv, 64, dtype=dtype, generator=gen))
+    return (
+        torch.randn(2, seqlen_q, heads_q, 64, dtype=dtype, generator=gen),
+        torch.randn(2, seqlen_k, heads_kv, 64, dtype=dtype, generator=gen),
+        torch.randn(2, seqlen_k, heads_kv, 64, dtype=dtype, generator=gen),
+    )
 
 
 def test_the_operator_is_registered_with_its_schema():
     schema = str(torch.ops.flashtune.attention.default._schema)
-    assert schema == ('flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False, '
-                      'float? softmax_scale=None, '
-                      'str family="sm80", str? config=None, str? tuned=None) -> (Tensor, Tensor)')
+    assert schema == (
+        "flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False, "
+        "float? softmax_scale=None, "
+        'str family="sm80", str? config=None, str? tuned=None) -> (Tensor, Tensor)'
+    )
 
 
 def test_fake_implementation_gives_the_result_shapes_and_checks_inputs():
@@ -73,11 +77,13 @@ def test_fake_implementation_gives_the_result_shapes_and_checks_inputs():
         o, lse = torch.ops.flashtune.attention(strided, k[:, :, :2], v[:, :, :2], True)
         assert o.shape == q.shape and o.dtype == torch.bfloat16 and o.is_contiguous()
         assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
-        for args, message in (((q.float(), k.float(), v.float()), "float16 or bfloat16"),
-                              ((q, k, v[:, :50]), "same shape"),
-                              ((q, k[:, :, :3], v[:, :, :3]), "must divide"),
-                              ((q[0], k, v), r"\[batch, seqlen, heads, head_dim\]"),
-                              ((q, k.half(), v.half()), "share a dtype")):
+        for args, message in (
+            ((q.float(), k.float(), v.float()), "float16 or bfloat16"),
+            ((q, k, v[:, :50]), "same shape"),
+            ((q, k[:, :, :3], v[:, :, :3]), "must divide"),
+            ((q[0], k, v), r"\[batch, seqlen, heads, head_dim\]"),
+            ((q, k.half(), v.half()), "share a dtype"),
+        ):
             with pytest.raises(AttentionError, match=message):
                 torch.ops.flashtune.attention(*args)
 
@@ -87,8 +93,11 @@ def test_opcheck_fake_and_real_agree(cpu_kernel):
     q, k, v = inputs(dtype=torch.bfloat16)
     strided = torch.randn(2, 96, 2, 4, 64, dtype=torch.bfloat16)[:, :, 1]
     for args in ((q, k, v, True), (strided, k, v, False, 0.3)):
-        torch.library.opcheck(torch.ops.flashtune.attention.default, args,
-                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+        torch.library.opcheck(
+            torch.ops.flashtune.attention.default,
+            args,
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+        )
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -114,9 +123,10 @@ def test_torch_compile_fullgraph_traces_the_operator_and_tuner_attention(cpu_ker
 
 def test_compile_refuses_a_dict_config_with_one_line(cpu_kernel):
     q, k, v = inputs()
-    with pytest.raises(Exception, match="inside torch.compile, config must be None or a string"):
-        torch.compile(lambda q, k, v: tuner.attention(q, k, v, config={"block_m": 64}), fullgraph=True,
-                      backend="aot_eager")(q, k, v)
+    with pytest.raises(Exception, match=r"inside torch.compile, config must be None or a string"):
+        torch.compile(
+            lambda q, k, v: tuner.attention(q, k, v, config={"block_m": 64}), fullgraph=True, backend="aot_eager"
+        )(q, k, v)
 
 
 def test_inputs_that_require_grad_get_a_forward_only_error(cpu_kernel):
@@ -125,8 +135,9 @@ def test_inputs_that_require_grad_get_a_forward_only_error(cpu_kernel):
     with pytest.raises(AttentionError, match="forward-only"):
         torch.ops.flashtune.attention(q, k, v)
     with pytest.raises(Exception, match="forward-only"):
-        torch.compile(lambda q, k, v: torch.ops.flashtune.attention(q, k, v)[0], fullgraph=True,
-                      backend="aot_eager")(q, k, v)
+        torch.compile(lambda q, k, v: torch.ops.flashtune.attention(q, k, v)[0], fullgraph=True, backend="aot_eager")(
+            q, k, v
+        )
     with torch.no_grad():  # inference with tensors that require grad: no error, nothing detached silently
         o, _ = torch.ops.flashtune.attention(q, k, v)
         torch.testing.assert_close(o, reference(q, k, v, False, None, "", None, None)[0])
@@ -149,8 +160,10 @@ def test_registering_again_is_a_no_op():
 
 
 def test_import_tuner_registers_the_operator_once_pytorch_is_loaded():
-    probe = ("import torch, tuner, sys; assert 'tuner.serve._torch_op' in sys.modules; "
-             "assert torch.ops.flashtune.attention.default is not None")
+    probe = (
+        "import torch, tuner, sys; assert 'tuner.serve._torch_op' in sys.modules; "
+        "assert torch.ops.flashtune.attention.default is not None"
+    )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     probe = "import tuner, sys; assert 'tuner.serve._torch_op' not in sys.modules and 'torch' not in sys.modules"

@@ -18,10 +18,10 @@ import pytest
 
 from tests.fake_studies import family_for_tests, make_study
 from tuner.cli import main
-from tuner.problem import DTYPES, Problem
-from tuner.space import available_families, load_space
 from tuner.export import JSON_FORMAT
+from tuner.problem import DTYPES, Problem
 from tuner.serve import TunedConfigs, TunedError, load_tuned, parse_tuned_json, tuned_configs
+from tuner.space import available_families, load_space
 
 FAMILY = family_for_tests()
 OTHER = next((f for f in available_families() if f != FAMILY), None)
@@ -46,9 +46,11 @@ def storage(tmp_path_factory):
         p = problem("fp16", False, 2048)
         make_study(url, f"auto-{OTHER}-{p.slug()}", OTHER, p, n_trials=10, seed=50, failures=False)
     suite = folder / "suite.toml"
-    suite.write_text(f'family = "{FAMILY}"\nstorage = "{url}"\n\n[grid]\ndtype = ["fp16", "bf16"]\n'
-                     f"causal = [false, true]\nhead_dim = 128\nheads = 16\nseqlen = [512, 2048, 4096]\n"
-                     "tokens = 16384\n")
+    suite.write_text(
+        f'family = "{FAMILY}"\nstorage = "{url}"\n\n[grid]\ndtype = ["fp16", "bf16"]\n'
+        f"causal = [false, true]\nhead_dim = 128\nheads = 16\nseqlen = [512, 2048, 4096]\n"
+        "tokens = 16384\n"
+    )
     return url, suite, folder
 
 
@@ -88,19 +90,30 @@ def compiled_select(header: Path, tuned: TunedConfigs, asked, folder: Path) -> l
     lines = [f'#include "{header.name}"', "#include <cstdio>", "using flashtune::DType;", "int main() {"]
     for family, dtype, head_dim, causal, seqlen in asked:
         knobs = tuned.tables[family].knobs
-        lines.append(f"  {{ auto c = flashtune::{family}::select(DType::{dtype}, {head_dim}, {str(causal).lower()}, "
-                     f"{seqlen}); std::printf(\"" + " ".join(["%d"] * len(knobs)) + "\\n\", "
-                     + ", ".join(f"c.{k}" for k in knobs) + "); }")
+        lines.append(
+            f"  {{ auto c = flashtune::{family}::select(DType::{dtype}, {head_dim}, {str(causal).lower()}, "
+            f'{seqlen}); std::printf("'
+            + " ".join(["%d"] * len(knobs))
+            + '\\n", '
+            + ", ".join(f"c.{k}" for k in knobs)
+            + "); }"
+        )
     lines += ["  return 0;", "}", ""]
     source = folder / "select_probe.cpp"
     source.write_text("\n".join(lines))
-    build = subprocess.run([*command, "-I", str(header.parent), str(source), "-o", str(folder / "select_probe")],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [*command, "-I", str(header.parent), str(source), "-o", str(folder / "select_probe")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(folder / "select_probe")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    return [dict(zip(tuned.tables[q[0]].knobs, map(int, line.split())))
-            for q, line in zip(asked, run.stdout.splitlines(), strict=True)]
+    return [
+        dict(zip(tuned.tables[q[0]].knobs, map(int, line.split())))
+        for q, line in zip(asked, run.stdout.splitlines(), strict=True)
+    ]
 
 
 def python_select(tuned: TunedConfigs, query) -> dict[str, int]:
@@ -175,7 +188,7 @@ def test_an_edited_json_is_read_again(exported, tmp_path):
 
 
 def test_a_sqlite_storage_is_read_again_when_it_changes(storage):
-    url, _, folder = storage
+    url, _, _folder = storage
     first = tuned_configs(url)
     assert tuned_configs(url) is first
     p = problem("bf16", True, 4096)
@@ -209,8 +222,10 @@ def test_malformed_json_gets_one_line(exported, tmp_path):
         (variant(lambda d: first(d)["entries"][0]["config"].pop(first(d)["knobs"][0])), "must give the knobs"),
         (variant(lambda d: first(d).update(extra=1)), "exactly family, knobs"),
         (variant(lambda d: d["families"].append(first(d))), "appears twice"),
-        (variant(lambda d: first(d)["entries"][0]["config"].update({first(d)["knobs"][0]: 10**30})),
-         "must be an integer"),
+        (
+            variant(lambda d: first(d)["entries"][0]["config"].update({first(d)["knobs"][0]: 10**30})),
+            "must be an integer",
+        ),
     ]
     for text, message in cases:
         with pytest.raises(TunedError, match=message) as e:
@@ -220,7 +235,7 @@ def test_malformed_json_gets_one_line(exported, tmp_path):
         parse_tuned_json(b"\xff\xfe\x00binary", "d.json")
     path = tmp_path / "binary.json"
     path.write_bytes(os.urandom(256))
-    with pytest.raises(TunedError, match="binary.json"):
+    with pytest.raises(TunedError, match=r"binary.json"):
         load_tuned(path)
     with pytest.raises(TunedError, match="cannot read"):
         load_tuned(tmp_path / "absent.json")
@@ -237,20 +252,23 @@ def test_json_that_no_longer_fits_the_space_is_refused(exported):
         config["renamed"] = config.pop(old)
         config.update({k: config.pop(k) for k in table["knobs"][1:]})  # keep the knob order
     tuned = parse_tuned_json(json.dumps(renamed), "d.json")
-    with pytest.raises(TunedError, match="knobs .* today's space file has"):
+    with pytest.raises(TunedError, match=r"knobs .* today's space file has"):
         tuned.config_for(space, problem("fp16", False, 512))
     bad_value = json.loads(json.dumps(good))
     table = next(f for f in bad_value["families"] if f["family"] == FAMILY)
     table["entries"][0]["config"][space.knobs[0].name] = 12345
     tuned = parse_tuned_json(json.dumps(bad_value), "d.json")
     entry = table["entries"][0]
-    with pytest.raises(TunedError, match="no longer fits the space.*not one of"):
+    with pytest.raises(TunedError, match=r"no longer fits the space.*not one of"):
         tuned.config_for(space, problem(entry["dtype"], entry["causal"], entry["seqlen"]))
 
 
 def test_tuned_sources_that_are_not_one(tmp_path):
-    for source, message in (("x.txt", "give the .json"), (f"sqlite:///{tmp_path}/none.db", "no study database"),
-                            (tmp_path / "absent.toml", "cannot read")):
+    for source, message in (
+        ("x.txt", "give the .json"),
+        (f"sqlite:///{tmp_path}/none.db", "no study database"),
+        (tmp_path / "absent.toml", "cannot read"),
+    ):
         with pytest.raises(TunedError, match=message):
             tuned_configs(source)
 
@@ -259,16 +277,21 @@ def test_tuned_sources_that_are_not_one(tmp_path):
 def test_attention_auto_launches_the_selected_config_per_shape(exported, monkeypatch):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
-    from tests.fakes.standin_launch import StandInGPU, install
-
     import tuner
+    from tests.fakes.standin_launch import StandInGPU, install
 
     gpu = StandInGPU()
     install(monkeypatch, gpu)
     tuned = load_tuned(exported[1])
     space = load_space(FAMILY)
-    for dtype, causal, seqlen in (("fp16", False, 511), ("fp16", False, 512), ("fp16", False, 513),
-                                  ("fp16", True, 4097), ("bf16", False, 100), ("bf16", True, 2048)):
+    for dtype, causal, seqlen in (
+        ("fp16", False, 511),
+        ("fp16", False, 512),
+        ("fp16", False, 513),
+        ("fp16", True, 4097),
+        ("bf16", False, 100),
+        ("bf16", True, 2048),
+    ):
         torch_dtype = torch.float16 if dtype == "fp16" else torch.bfloat16
         q, k, v = (torch.zeros(1, seqlen, 2, 128, dtype=torch_dtype) for _ in range(3))
         for source in (exported[1], str(exported[1]), tuned):

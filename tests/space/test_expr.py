@@ -134,15 +134,27 @@ def test_expr_is_reusable_with_different_environments():
 
 
 # -- bounds (issue 11, item 4): no expression can hang a check or a tuner ------------------------------------
-@pytest.mark.parametrize("text", ["a ** a ** a", "2 ** a", "a ** 65", "a ** -1", "a ** (1 + 1)", "9" * 2001,
-                                  "-" * 60 + "a", "99999999999999999999 + a"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a ** a ** a",
+        "2 ** a",
+        "a ** 65",
+        "a ** -1",
+        "a ** (1 + 1)",
+        "9" * 2001,
+        "-" * 60 + "a",
+        "99999999999999999999 + a",
+    ],
+)
 def test_unbounded_expressions_are_refused_when_compiled(text):
     with pytest.raises(ExprError):
         compile_expr(text)
 
 
-@pytest.mark.parametrize(("text", "env"), [("a * a * a", {"a": 2**40}), ("a ** 64", {"a": 3}),
-                                           ("ceil_div(a * a, 1) * a", {"a": 2**32})])
+@pytest.mark.parametrize(
+    ("text", "env"), [("a * a * a", {"a": 2**40}), ("a ** 64", {"a": 3}), ("ceil_div(a * a, 1) * a", {"a": 2**32})]
+)
 def test_values_beyond_64_bits_are_an_error_not_a_slow_big_number(text, env):
     with pytest.raises(ExprError, match="64-bit"):
         compile_expr(text)(env)

@@ -79,7 +79,9 @@ def test_a_family_runs_on_the_archs_its_build_allows(space):
             assert (reason is None) == (arch >= space.family.min_arch), (arch, reason)
         assert reason is None or f"sm_{arch}" in reason
         problem = next(_problems(space))
-        assert (space.check(space.defaults(problem.head_dim), problem, limits_for_arch(arch)) == reason) or reason is None
+        assert (
+            space.check(space.defaults(problem.head_dim), problem, limits_for_arch(arch)) == reason
+        ) or reason is None
 
 
 def test_unsupported_head_dim_and_dtype_are_reported(space):
@@ -153,8 +155,9 @@ def test_grid_covers_every_query_row(space):
         small = space.launch(config, p, device).grid[0]
         assert small >= 1
     grid_1 = space.launch(config, Problem(**{**problem.to_dict(), "seqlen_q": 1, "seqlen_k": 1}), device).grid[0]
-    grid_big = space.launch(config, Problem(**{**problem.to_dict(), "seqlen_q": 65536, "seqlen_k": 65536}),
-                            device).grid[0]
+    grid_big = space.launch(
+        config, Problem(**{**problem.to_dict(), "seqlen_q": 65536, "seqlen_k": 65536}), device
+    ).grid[0]
     assert grid_1 == 1 and grid_big > grid_1
 
 
@@ -194,7 +197,9 @@ def _header_macros(text: str) -> tuple[set[str], set[str], dict[str, str]]:
     """(macros given a default with #ifndef, FT_ macros the header's code uses, #ifndef default values)."""
     code = _COMMENT.sub("", text)
     guarded = set(re.findall(r"^\s*#\s*ifndef\s+(FT_[A-Z0-9_]+)", code, re.MULTILINE))
-    defaults = dict(re.findall(r"^\s*#\s*ifndef\s+(FT_[A-Z0-9_]+)\s*\n\s*#\s*define\s+\1[ \t]+([^\n]*)", code, re.MULTILINE))
+    defaults = dict(
+        re.findall(r"^\s*#\s*ifndef\s+(FT_[A-Z0-9_]+)\s*\n\s*#\s*define\s+\1[ \t]+([^\n]*)", code, re.MULTILINE)
+    )
     all_defined = set(re.findall(r"^\s*#\s*define\s+(FT_[A-Z0-9_]+)", code, re.MULTILINE))
     helpers = all_defined - guarded  # the header's own helper macros are not inputs
     used = set(re.findall(r"\bFT_[A-Z0-9_]+\b", code)) - helpers
@@ -207,14 +212,21 @@ def test_config_header_reads_exactly_the_space_macros(space):
     text = (KERNEL_SRC / space.family.config_header).read_text()
     guarded, used, _ = _header_macros(text)
     device_macros = set(DEVICE_MACROS.values())
-    expected = ({"FT_HEAD_DIM", "FT_IS_BF16", "FT_IS_CAUSAL"} | {k.macro for k in space.knobs}
-                | {d.macro for d in space.derived if d.macro})
+    expected = (
+        {"FT_HEAD_DIM", "FT_IS_BF16", "FT_IS_CAUSAL"}
+        | {k.macro for k in space.knobs}
+        | {d.macro for d in space.derived if d.macro}
+    )
     checked = used & device_macros
     assert checked, f"{space.family.config_header} checks no device limit (FT_SMEM_PER_BLOCK_OPTIN, ...)"
-    assert guarded == expected | checked, (f"#ifndef defaults: missing {sorted(expected | checked - guarded)}, "
-                                           f"not in {space.name}.toml {sorted(guarded - expected - checked)}")
-    assert used == expected | checked, (f"header uses {sorted(used - expected - checked)} not declared in the space "
-                                        f"file; never uses {sorted(expected - used)}")
+    assert guarded == expected | checked, (
+        f"#ifndef defaults: missing {sorted(expected | checked - guarded)}, "
+        f"not in {space.name}.toml {sorted(guarded - expected - checked)}"
+    )
+    assert used == expected | checked, (
+        f"header uses {sorted(used - expected - checked)} not declared in the space "
+        f"file; never uses {sorted(expected - used)}"
+    )
 
 
 def test_a_build_gets_the_config_macros_and_the_device_limits(space):
@@ -303,73 +315,127 @@ def test_toy_space_is_valid(tmp_path):
 
 MALFORMED = {
     "missing_family": (lambda t: t.replace("[family]", "[familie]"), ["family"]),
-    "unknown_key_in_knob": (lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefualt = 64'),
-                            ["[knobs.block_n]", "defualt"]),
-    "typo_of_required_key": (lambda t: _replace(t, "default = 64\nhelp = \"keys", "defualt = 64\nhelp = \"keys"),
-                             ["[knobs.block_n]", "default"]),
+    "unknown_key_in_knob": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefualt = 64'),
+        ["[knobs.block_n]", "defualt"],
+    ),
+    "typo_of_required_key": (
+        lambda t: _replace(t, 'default = 64\nhelp = "keys', 'defualt = 64\nhelp = "keys'),
+        ["[knobs.block_n]", "default"],
+    ),
     "unknown_key_in_family": (lambda t: _replace(t, "description =", "descripton ="), ["[family]", "descripton"]),
-    "unknown_top_level_table": (lambda t: t + "\n[constraint.x]\nexpr = \"1\"\nmessage = \"m\"\n", ["constraint"]),
+    "unknown_top_level_table": (lambda t: t + '\n[constraint.x]\nexpr = "1"\nmessage = "m"\n', ["constraint"]),
     "empty_values": (lambda t: _replace(t, "values = [32, 64, 128]", "values = []"), ["[knobs.block_m]", "values"]),
-    "default_not_in_values": (lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 128]"),
-                              ["[knobs.block_m]", "default"]),
-    "repeated_values": (lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 64, 64]"),
-                        ["[knobs.block_m]", "repeat"]),
-    "non_integer_values": (lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 64.0, 128]"),
-                           ["[knobs.block_m]", "integer"]),
-    "duplicate_macro": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_BLOCK_M"'),
-                        ["[knobs.block_n]", "FT_BLOCK_M"]),
-    "macro_clashes_with_problem_macro": (lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_HEAD_DIM"'),
-                                         ["[knobs.stages]", "FT_HEAD_DIM"]),
-    "macro_clashes_with_device_macro": (lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_SMEM_PER_SM"'),
-                                        ["[knobs.stages]", "FT_SMEM_PER_SM"]),
-    "macro_not_ft": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "BLOCK_N"'),
-                     ["[knobs.block_n]", "BLOCK_N"]),
-    "macro_lower_case": (lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_block_n"'),
-                         ["[knobs.block_n]", "FT_block_n"]),
+    "default_not_in_values": (
+        lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 128]"),
+        ["[knobs.block_m]", "default"],
+    ),
+    "repeated_values": (
+        lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 64, 64]"),
+        ["[knobs.block_m]", "repeat"],
+    ),
+    "non_integer_values": (
+        lambda t: _replace(t, "values = [32, 64, 128]", "values = [32, 64.0, 128]"),
+        ["[knobs.block_m]", "integer"],
+    ),
+    "duplicate_macro": (
+        lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_BLOCK_M"'),
+        ["[knobs.block_n]", "FT_BLOCK_M"],
+    ),
+    "macro_clashes_with_problem_macro": (
+        lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_HEAD_DIM"'),
+        ["[knobs.stages]", "FT_HEAD_DIM"],
+    ),
+    "macro_clashes_with_device_macro": (
+        lambda t: _replace(t, 'macro = "FT_KV_STAGES"', 'macro = "FT_SMEM_PER_SM"'),
+        ["[knobs.stages]", "FT_SMEM_PER_SM"],
+    ),
+    "macro_not_ft": (
+        lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "BLOCK_N"'),
+        ["[knobs.block_n]", "BLOCK_N"],
+    ),
+    "macro_lower_case": (
+        lambda t: _replace(t, 'macro = "FT_BLOCK_N"', 'macro = "FT_block_n"'),
+        ["[knobs.block_n]", "FT_block_n"],
+    ),
     "knob_name_not_snake_case": (lambda t: _replace(t, "[knobs.flag]", "[knobs.Flag]"), ["[knobs.Flag]"]),
     "knob_shadows_problem_field": (lambda t: _replace(t, "[knobs.flag]", "[knobs.head_dim]"), ["[knobs.head_dim]"]),
     "knob_not_a_table": (lambda t: _drop_table(t, "knobs.flag") + "\n[knobs]\nflag = 3\n", ["flag", "table"]),
-    "constraint_uses_missing_knob": (lambda t: t + '\n[constraints.c]\nexpr = "block_k <= 64"\nmessage = "m"\n',
-                                     ["[constraints.c]", "block_k"]),
-    "derived_uses_later_name": (lambda t: _replace(t, 'expr = "block_m // 16"', 'expr = "smem_bytes // 16"'),
-                                ["[derived.num_warps]", "smem_bytes"]),
-    "derived_uses_disallowed_syntax": (lambda t: _replace(t, 'expr = "block_m // 16"', 'expr = "block_m / 16"'),
-                                       ["[derived.num_warps]", "Div"]),
+    "constraint_uses_missing_knob": (
+        lambda t: t + '\n[constraints.c]\nexpr = "block_k <= 64"\nmessage = "m"\n',
+        ["[constraints.c]", "block_k"],
+    ),
+    "derived_uses_later_name": (
+        lambda t: _replace(t, 'expr = "block_m // 16"', 'expr = "smem_bytes // 16"'),
+        ["[derived.num_warps]", "smem_bytes"],
+    ),
+    "derived_uses_disallowed_syntax": (
+        lambda t: _replace(t, 'expr = "block_m // 16"', 'expr = "block_m / 16"'),
+        ["[derived.num_warps]", "Div"],
+    ),
     "message_uses_unknown_field": (
         lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {smem_limit} B"),
-        ["[constraints.smem_fits]", "smem_limit"]),
+        ["[constraints.smem_fits]", "smem_limit"],
+    ),
     "message_with_positional_field": (
         lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {} B"),
-        ["[constraints.smem_fits]", "not a valid format string"]),
+        ["[constraints.smem_fits]", "not a valid format string"],
+    ),
     "message_with_bad_format_spec": (
-        lambda t: _replace(t, "the device allows {smem_per_block_optin} B", "the device allows {smem_per_block_optin:q} B"),
-        ["[constraints.smem_fits]", "not a valid format string"]),
-    "constraint_without_message": (lambda t: _replace(t, 'message = "needs', 'mesage = "needs'),
-                                   ["[constraints.smem_fits]", "message"]),
-    "launch_uses_unknown_name": (lambda t: _replace(t, 'threads = "num_warps * 32"', 'threads = "warps * 32"'),
-                                 ["[launch]", "warps"]),
+        lambda t: _replace(
+            t, "the device allows {smem_per_block_optin} B", "the device allows {smem_per_block_optin:q} B"
+        ),
+        ["[constraints.smem_fits]", "not a valid format string"],
+    ),
+    "constraint_without_message": (
+        lambda t: _replace(t, 'message = "needs', 'mesage = "needs'),
+        ["[constraints.smem_fits]", "message"],
+    ),
+    "launch_uses_unknown_name": (
+        lambda t: _replace(t, 'threads = "num_warps * 32"', 'threads = "warps * 32"'),
+        ["[launch]", "warps"],
+    ),
     "launch_grid_of_two": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q"]'), ["[launch]", "grid"]),
-    "launch_abi_uses_unknown_name": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_q" }'),
-                                     ["[launch.abi] rows", "block_q"]),
-    "launch_abi_not_a_table": (lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = 3'),
-                               ["[launch]", "abi must be a table"]),
+    "launch_abi_uses_unknown_name": (
+        lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_q" }'),
+        ["[launch.abi] rows", "block_q"],
+    ),
+    "launch_abi_not_a_table": (
+        lambda t: _replace(t, '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = 3'),
+        ["[launch]", "abi must be a table"],
+    ),
     "head_dim_default_for_unsupported_head_dim": (
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 256 = 32 }'),
-        ["[knobs.block_n]", "'256'", "head_dims [64, 128]"]),
+        ["[knobs.block_n]", "'256'", "head_dims [64, 128]"],
+    ),
     "head_dim_default_not_in_values": (
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 48 }'),
-        ["[knobs.block_n]", "128 = 48", "values"]),
+        ["[knobs.block_n]", "128 = 48", "values"],
+    ),
     "head_dim_defaults_not_a_table": (
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = 32'),
-        ["[knobs.block_n]", "default_by_head_dim must be a table"]),
+        ["[knobs.block_n]", "default_by_head_dim must be a table"],
+    ),
     "invalid_toml": (lambda t: t + "\n[knobs.x\n", ["TOML"]),
     "name_not_stem": (lambda t: _replace(t, 'name = "toy"', 'name = "toy2"'), ["toy2", "toy"]),
-    "source_missing": (lambda t: re.sub(r'source = "[^"]+"', 'source = "nope/flash_fwd.cu"', t, count=1),
-                       ["[family]", "nope/flash_fwd.cu"]),
-    "bad_dtype": (lambda t: _replace(t, 'dtypes = ["fp16", "bf16"]', 'dtypes = ["fp16", "fp8"]'), ["[family]", "dtypes"]),
+    "source_missing": (
+        lambda t: re.sub(r'source = "[^"]+"', 'source = "nope/flash_fwd.cu"', t, count=1),
+        ["[family]", "nope/flash_fwd.cu"],
+    ),
+    "bad_dtype": (
+        lambda t: _replace(t, 'dtypes = ["fp16", "bf16"]', 'dtypes = ["fp16", "fp8"]'),
+        ["[family]", "dtypes"],
+    ),
     "no_head_dims": (lambda t: _replace(t, "head_dims = [64, 128]", "head_dims = []"), ["[family]", "head_dims"]),
-    "no_knobs": (lambda t: _drop_table(_drop_table(_drop_table(_drop_table(
-        t, "knobs.block_m"), "knobs.block_n"), "knobs.stages"), "knobs.flag") + "\n[knobs]\n", ["[knobs]"]),
+    "no_knobs": (
+        lambda t: (
+            _drop_table(
+                _drop_table(_drop_table(_drop_table(t, "knobs.block_m"), "knobs.block_n"), "knobs.stages"), "knobs.flag"
+            )
+            + "\n[knobs]\n"
+        ),
+        ["[knobs]"],
+    ),
 }
 
 
@@ -436,7 +502,9 @@ def test_partial_fills_defaults(toy_space):
 
 
 def test_a_head_dim_can_have_its_own_default(tmp_path):
-    text = _replace(toy_space_text(), 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }')
+    text = _replace(
+        toy_space_text(), 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }'
+    )
     space = load_space(_write(tmp_path, text))
     plain = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
     assert space.defaults() == space.defaults(64) == plain
@@ -484,8 +552,14 @@ def test_environment_and_macros(toy_space, problem, sm80):
     assert env["smem_bytes"] == (128 + 2 * 32) * 128 * 2
     assert env["smem_per_block_optin"] == sm80.smem_per_block_optin and env["seqlen_q"] == problem.seqlen_q
     assert toy_space.macros(config, problem, sm80) == {
-        "FT_HEAD_DIM": 128, "FT_IS_BF16": 0, "FT_IS_CAUSAL": 0,
-        "FT_BLOCK_M": 128, "FT_BLOCK_N": 32, "FT_KV_STAGES": 1, "FT_Q_IN_REGS": 1, "FT_SMEM_BYTES": 49152,
+        "FT_HEAD_DIM": 128,
+        "FT_IS_BF16": 0,
+        "FT_IS_CAUSAL": 0,
+        "FT_BLOCK_M": 128,
+        "FT_BLOCK_N": 32,
+        "FT_KV_STAGES": 1,
+        "FT_Q_IN_REGS": 1,
+        "FT_SMEM_BYTES": 49152,
     }
 
 
@@ -499,10 +573,15 @@ def test_launch(toy_space, sm80):
 
 
 def test_launch_abi_values_for_the_argument_builder(tmp_path, sm80):
-    text = toy_space_text().replace('"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_n // 2", one = "1" }')
+    text = toy_space_text().replace(
+        '"heads_q", "batch"]', '"heads_q", "batch"]\nabi = { rows = "block_n // 2", one = "1" }'
+    )
     space = load_space(_write(tmp_path, text))
-    g = space.launch({"block_m": 128, "block_n": 32, "stages": 1, "flag": 0}, Problem(batch=1, seqlen_q=9, heads_q=1,
-                                                                                     head_dim=64), sm80)
+    g = space.launch(
+        {"block_m": 128, "block_n": 32, "stages": 1, "flag": 0},
+        Problem(batch=1, seqlen_q=9, heads_q=1, head_dim=64),
+        sm80,
+    )
     assert g.abi == {"rows": 16, "one": 1}
 
 
@@ -513,8 +592,12 @@ def test_no_python_module_spells_a_knob_name_or_macro():
     import tuner
 
     names = {n for family in ("sm80", "sm90") for k in load_space(family).knobs for n in (k.name, k.macro)}
-    found = [(str(p), n) for p in pathlib.Path(tuner.__file__).parent.rglob("*.py") for n in names
-             if re.search(r"[\"']%s[\"']" % re.escape(n), p.read_text())]
+    found = [
+        (str(p), n)
+        for p in pathlib.Path(tuner.__file__).parent.rglob("*.py")
+        for n in names
+        if re.search(rf"[\"']{re.escape(n)}[\"']", p.read_text())
+    ]
     assert not found
 
 
@@ -537,6 +620,12 @@ def test_config_key_is_stable_across_processes():
     import sys
 
     code = "from tuner.space import config_key; print(config_key({'block_n': 32, 'block_m': 64}))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.strip() == config_key({"block_m": 64, "block_n": 32})

@@ -25,10 +25,30 @@ def test_the_status_key_is_the_one_the_outcome_vocabulary_reads():
 
 
 def test_the_keys_the_run_package_reads_are_exported():
-    for name in ("WINNER", "RUN", "WARM_START", "THROUGHPUT_PREFIX", "MADE_BY", "FAMILY", "PROBLEM", "GPU",
-                 "SPACE_DIGEST", "STATUS", "REASON", "CONFIG_KEY", "IS_DEFAULT", "EXPLORATION", "RESOURCES",
-                 "COMPILE", "MEASUREMENT", "DUPLICATE_OF", "OWNER", "REQUEUED_FROM", "REQUEUE_COUNT",
-                 "REQUEUE_REASON"):
+    for name in (
+        "WINNER",
+        "RUN",
+        "WARM_START",
+        "THROUGHPUT_PREFIX",
+        "MADE_BY",
+        "FAMILY",
+        "PROBLEM",
+        "GPU",
+        "SPACE_DIGEST",
+        "STATUS",
+        "REASON",
+        "CONFIG_KEY",
+        "IS_DEFAULT",
+        "EXPLORATION",
+        "RESOURCES",
+        "COMPILE",
+        "MEASUREMENT",
+        "DUPLICATE_OF",
+        "OWNER",
+        "REQUEUED_FROM",
+        "REQUEUE_COUNT",
+        "REQUEUE_REASON",
+    ):
         assert name in study.__all__, name
 
 
@@ -40,7 +60,6 @@ def test_no_other_module_of_the_package_defines_a_key_again():
         if path.name == "_attributes.py":
             continue
         for node in ast.parse(path.read_text()).body:
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                    and node.value.value in values):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in values:
                 again.append(f"{path.name}:{node.lineno}")
     assert not again, again

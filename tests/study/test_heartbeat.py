@@ -27,13 +27,14 @@ def test_an_enqueued_config_whose_worker_died_while_drawing_it_is_enqueued_again
     import optuna
 
     from tests.fake_studies import open_fake_study
-    from tuner.study import requeue_stale
     from tuner.problem import Problem
     from tuner.space import load_space
+    from tuner.study import requeue_stale
 
     space = load_space("sm80")
-    study = open_fake_study(f"sqlite:///{tmp_path}/s.db", "s", space, Problem(batch=1, seqlen_q=128, heads_q=2,
-                                                                             head_dim=64))
+    study = open_fake_study(
+        f"sqlite:///{tmp_path}/s.db", "s", space, Problem(batch=1, seqlen_q=128, heads_q=2, head_dim=64)
+    )
     trial = study.ask()  # the enqueued default, not drawn yet: its params are empty
     assert not trial.params
     frozen = study._storage.get_trial(trial._trial_id)

@@ -108,15 +108,19 @@ def test_postgres_without_driver_is_a_storage_error(monkeypatch):
 @pytest.mark.parametrize(
     ("url", "masked"),
     [
-        ("postgresql+psycopg://user:secret@db.example.com:5432/studies",
-         "postgresql+psycopg://user:***@db.example.com:5432/studies"),
+        (
+            "postgresql+psycopg://user:secret@db.example.com:5432/studies",
+            "postgresql+psycopg://user:***@db.example.com:5432/studies",
+        ),
         ("postgresql://user:p%40ss@host/db", "postgresql://user:***@host/db"),
         ("mysql+pymysql://root:pw@localhost/optuna", "mysql+pymysql://root:***@localhost/optuna"),
         ("postgresql://user@host/db", "postgresql://user@host/db"),
         ("sqlite:///studies/flashtune.db", "sqlite:///studies/flashtune.db"),
         ("no url at all", "<unparsable storage URL>"),
-        ("postgresql+psycopg://u@h/db?password=secret&sslmode=require",
-         "postgresql+psycopg://u@h/db?password=***&sslmode=require"),
+        (
+            "postgresql+psycopg://u@h/db?password=secret&sslmode=require",
+            "postgresql+psycopg://u@h/db?password=***&sslmode=require",
+        ),
         ("postgresql://u@h/db?sslpassword=k&PASSFILE=/p", "postgresql://u@h/db?PASSFILE=***&sslpassword=***"),
     ],
 )

@@ -20,21 +20,26 @@ from optuna.trial import TrialState
 from tests.conftest import fast_dir
 from tests.fakes.fake_compile import fake_compiler
 from tests.fakes.fake_measure import FakeMeasure
-from tuner.study import _heartbeat as hb
-from tuner.study import _meta as st
+from tests.pg_server import PostgresServer
 from tuner.devices import DeviceLimits, limits_for_arch
 from tuner.problem import Problem
+from tuner.run import TuneSettings, tune
 from tuner.search import make_sampler, make_search
 from tuner.space import load_space
 from tuner.study import StorageError, open_storage
-from tuner.run import TuneSettings, tune
-
-from tests.pg_server import PostgresServer
+from tuner.study import _heartbeat as hb
+from tuner.study import _meta as st
 
 REPO = Path(__file__).resolve().parents[2]
 STORAGE_MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
-       "driver": "0.0"}
+GPU = {
+    "name": "Fake GPU",
+    "arch": 80,
+    "num_sms": 108,
+    "smem_per_block_optin": 166912,
+    "regs_per_sm": 65536,
+    "driver": "0.0",
+}
 PROBLEM = Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128)
 
 
@@ -42,8 +47,9 @@ def _new_pg_database(server: PostgresServer) -> tuple[str, str]:
     import psycopg
 
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(host="127.0.0.1", port=server.port, user="flashtune", dbname="postgres",
-                         autocommit=True) as conn:
+    with psycopg.connect(
+        host="127.0.0.1", port=server.port, user="flashtune", dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return name, server.url.rsplit("/", 1)[0] + f"/{name}"
 
@@ -51,8 +57,9 @@ def _new_pg_database(server: PostgresServer) -> tuple[str, str]:
 def _drop_pg_database(server: PostgresServer, name: str) -> None:
     import psycopg
 
-    with psycopg.connect(host="127.0.0.1", port=server.port, user="flashtune", dbname="postgres",
-                         autocommit=True) as conn:
+    with psycopg.connect(
+        host="127.0.0.1", port=server.port, user="flashtune", dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -81,8 +88,9 @@ def _tables(url: str) -> set[str]:
 
 
 def _open(storage, space, *, name="s", gpu=GPU, problem=PROBLEM) -> optuna.Study:
-    return st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=gpu,
-                         sampler=make_sampler("random", space, 0))
+    return st.open_study(
+        storage=storage, name=name, space=space, problem=problem, gpu=gpu, sampler=make_sampler("random", space, 0)
+    )
 
 
 # -- study metadata ------------------------------------------------------------------------------------------
@@ -124,7 +132,7 @@ def _create_or_load(url: str, space_path: str, start, out) -> None:
         space = load_space(space_path)
         study = _open(open_storage(url), space)
         out.put(("ok", study.study_name))
-    except Exception as e:  # noqa: BLE001 - reported to the test
+    except Exception as e:
         out.put(("error", f"{type(e).__name__}: {e}"))
 
 
@@ -171,7 +179,8 @@ def _age_beats(storage, trial_ids: list[int]) -> None:
         now = session.execute(sqlalchemy.func.now()).scalar().replace(tzinfo=None)
         session.query(models.TrialHeartbeatModel).filter(models.TrialHeartbeatModel.trial_id.in_(trial_ids)).update(
             {models.TrialHeartbeatModel.heartbeat: now - timedelta(seconds=hb.GRACE_PERIOD_S + 30)},
-            synchronize_session=False)
+            synchronize_session=False,
+        )
         session.commit()
     finally:
         session.close()
@@ -244,9 +253,16 @@ def test_recovery_takes_the_stale_trial_callback_its_storage_was_opened_with(url
 def test_a_tuning_loop_stores_every_trial(url, toy_space):
     storage = open_storage(url)
     study = _open(storage, toy_space)
-    summary = tune(study, toy_space, PROBLEM, limits_for_arch(80), FakeMeasure(), TuneSettings(n_trials=6,
-                   compile_workers=1, compile_ahead=2), compiler=fake_compiler,
-                   search=make_search("random", toy_space, PROBLEM, limits_for_arch(80), 0))
+    summary = tune(
+        study,
+        toy_space,
+        PROBLEM,
+        limits_for_arch(80),
+        FakeMeasure(),
+        TuneSettings(n_trials=6, compile_workers=1, compile_ahead=2),
+        compiler=fake_compiler,
+        search=make_search("random", toy_space, PROBLEM, limits_for_arch(80), 0),
+    )
     again = optuna.load_study(study_name="s", storage=open_storage(url))
     trials = again.get_trials()
     assert summary.evaluated == 6 == sum(st.is_evaluated(t) for t in trials)
@@ -262,15 +278,24 @@ def test_concurrent_tuners_with_short_heartbeats_all_finish_and_measure_each_tri
     database) must not make a live tuner's trial look stale, and no tuner may crash."""
     log, tuners, target = tmp_path / "measured.log", 6, 48  # at commit 6a12dc0: 3 of 6 crashed, trials lost
     env = {**os.environ, "FLASHTUNE_HEARTBEAT_INTERVAL_S": "1", "FLASHTUNE_GRACE_PERIOD_S": "3"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.fakes.standin_tuner", url, "race", str(target), str(log),
-                               "0.05"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(tuners)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.fakes.standin_tuner", url, "race", str(target), str(log), "0.05"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(tuners)
+    ]
     for p in procs:
-        out, err = p.communicate(timeout=600)
+        _out, err = p.communicate(timeout=600)
         assert p.returncode == 0 and "UpdateFinishedTrialError" not in err, err[-3000:]
     measured = [line for line in log.read_text().split() if line]
     assert len(measured) == len(set(measured)), "a trial was measured twice"
     trials = optuna.load_study(study_name="race", storage=open_storage(url)).get_trials()
-    assert not [t for t in trials if t.state == TrialState.FAIL], [(t.number, t.user_attrs) for t in trials
-                                                                    if t.state == TrialState.FAIL]
+    assert not [t for t in trials if t.state == TrialState.FAIL], [
+        (t.number, t.user_attrs) for t in trials if t.state == TrialState.FAIL
+    ]
     assert target <= sum(st.is_evaluated(t) for t in trials) <= target + tuners

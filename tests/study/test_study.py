@@ -10,15 +10,21 @@ from tests.conftest import fast_dir, toy_space_text
 from tests.fakes.fake_compile import fake_compiler
 from tests.fakes.fake_measure import FakeMeasure, model_tflops
 from tuner._version import __version__
-from tuner.study import _meta as st
 from tuner.problem import Problem
+from tuner.run import TuneSettings, tune
 from tuner.search import make_sampler, make_search
 from tuner.space import load_space
 from tuner.study import CONFIG_KEY, open_storage
-from tuner.run import TuneSettings, tune
+from tuner.study import _meta as st
 
-GPU = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536,
-       "driver": "0.0"}
+GPU = {
+    "name": "Fake GPU",
+    "arch": 80,
+    "num_sms": 108,
+    "smem_per_block_optin": 166912,
+    "regs_per_sm": 65536,
+    "driver": "0.0",
+}
 
 
 @pytest.fixture
@@ -27,8 +33,9 @@ def storage(sqlite_url):
 
 
 def _open(storage, space, problem, *, gpu=GPU, name="s"):
-    return st.open_study(storage=storage, name=name, space=space, problem=problem, gpu=gpu,
-                         sampler=make_sampler("random", space, 0))
+    return st.open_study(
+        storage=storage, name=name, space=space, problem=problem, gpu=gpu, sampler=make_sampler("random", space, 0)
+    )
 
 
 def test_new_study_carries_its_metadata_and_the_default(storage, toy_space, problem):
@@ -47,7 +54,9 @@ def test_new_study_carries_its_metadata_and_the_default(storage, toy_space, prob
 
 
 def test_the_enqueued_default_is_the_one_for_the_problem_s_head_dim(storage, tmp_path, problem):
-    text = toy_space_text().replace('help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }')
+    text = toy_space_text().replace(
+        'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = { 128 = 32 }'
+    )
     (tmp_path / "toy.toml").write_text(text)
     space = load_space(tmp_path / "toy.toml")
     assert problem.head_dim == 128 and space.defaults(128) != space.defaults()
@@ -92,8 +101,9 @@ def test_resume_refuses_another_gpu(storage, toy_space, problem):
         _open(storage, toy_space, problem, gpu={**GPU, "name": "NVIDIA H100 80GB HBM3"})
 
 
-@pytest.mark.parametrize("change", [{"causal": True}, {"batch": 3}, {"seqlen_k": 1024}, {"dtype": "bf16"},
-                                    {"heads_kv": 2}])
+@pytest.mark.parametrize(
+    "change", [{"causal": True}, {"batch": 3}, {"seqlen_k": 1024}, {"dtype": "bf16"}, {"heads_kv": 2}]
+)
 def test_resume_refuses_another_problem(storage, toy_space, problem, change):
     _open(storage, toy_space, problem)
     other = Problem(**{**problem.to_dict(), **change})
@@ -150,8 +160,10 @@ def test_default_study_name_is_stable(toy_space):
     name = st.default_study_name(toy_space, 90, "NVIDIA H200", p)
     assert name == "toy-sm90-nvidia-h200-fp16-d128-full-b8-h16-n2048"
     assert st.default_study_name(toy_space, 90, "NVIDIA H200", Problem(**p.to_dict())) == name
-    assert st.default_study_name(toy_space, 80, "NVIDIA A100-SXM4-80GB", p) == \
-        "toy-sm80-nvidia-a100-sxm4-80gb-fp16-d128-full-b8-h16-n2048"
+    assert (
+        st.default_study_name(toy_space, 80, "NVIDIA A100-SXM4-80GB", p)
+        == "toy-sm80-nvidia-a100-sxm4-80gb-fp16-d128-full-b8-h16-n2048"
+    )
     assert st.default_study_name(toy_space, 90, "NVIDIA H200", Problem(**{**p.to_dict(), "causal": True})) != name
 
 
@@ -162,13 +174,24 @@ def tuned(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tuned")
     path = directory / "toy.toml"
     path.write_text(toy_space_text())
-    toy_space, problem, sm80 = load_space(path), Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128), \
-        limits_for_arch(80)
+    toy_space, problem, sm80 = (
+        load_space(path),
+        Problem(batch=2, seqlen_q=512, heads_q=4, head_dim=128),
+        limits_for_arch(80),
+    )
     with fast_dir() as db:
         storage = open_storage(f"sqlite:///{db}/studies.db")
         study = _open(storage, toy_space, problem)
-        tune(study, toy_space, problem, sm80, FakeMeasure(), TuneSettings(n_trials=6, compile_workers=1),
-             compiler=fake_compiler, search=make_search("random", toy_space, problem, sm80, 0))
+        tune(
+            study,
+            toy_space,
+            problem,
+            sm80,
+            FakeMeasure(),
+            TuneSettings(n_trials=6, compile_workers=1),
+            compiler=fake_compiler,
+            search=make_search("random", toy_space, problem, sm80, 0),
+        )
         yield study
 
 
@@ -195,6 +218,7 @@ def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_s
 
     def add(value, params, **attrs):
         study.add_trial(optuna.trial.create_trial(value=value, params=params, distributions=dists, user_attrs=attrs))
+
     top, other = toy_space.defaults(), {**toy_space.defaults(), "flag": 1}
     add(100.0, top)
     study.set_user_attr("winner", {"config": top, "tflops": 98.0, "trial": 1, "seen_trials": [1]})
@@ -248,8 +272,11 @@ def test_describe_lists_flashtune_studies_only(tuned):
 
 def test_finished_by_config_skips_duplicates_and_unfinished(tuned):
     by_config = st.finished_by_config(tuned)
-    finished = [t for t in tuned.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                and st.DUPLICATE_OF not in t.user_attrs]
+    finished = [
+        t
+        for t in tuned.get_trials()
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and st.DUPLICATE_OF not in t.user_attrs
+    ]
     assert {t.number for t in by_config.values()} == {t.number for t in finished}
     for key, t in by_config.items():
         assert t.user_attrs[CONFIG_KEY] == key
@@ -257,13 +284,31 @@ def test_finished_by_config_skips_duplicates_and_unfinished(tuned):
 
 # -- one typed reading of a study (issue 11, item 9) ----------------------------------------------------------
 def test_trial_statuses_keep_the_strings_stored_before():
-    stored = {"ok", "infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error", "timeout",
-              "crashed", "interrupted", "orphaned"}
+    stored = {
+        "ok",
+        "infeasible",
+        "compile_error",
+        "compile_timeout",
+        "wrong_result",
+        "launch_error",
+        "timeout",
+        "crashed",
+        "interrupted",
+        "orphaned",
+    }
     assert {s.value for s in st.TrialStatus} == stored
     assert st.TrialStatus("wrong_result") == "wrong_result" and f"{st.TrialStatus.OK}" == "ok"
-    assert st.INFEASIBLE_STATUSES == ("infeasible", "compile_error", "compile_timeout", "wrong_result", "launch_error",
-                                      "timeout", "crashed")
+    assert st.INFEASIBLE_STATUSES == (
+        "infeasible",
+        "compile_error",
+        "compile_timeout",
+        "wrong_result",
+        "launch_error",
+        "timeout",
+        "crashed",
+    )
     from tuner.gpu import Status  # every measurement outcome is a trial status
+
     assert Status is st.TrialStatus and {s.value for s in Status} <= stored  # one vocabulary
 
 
@@ -275,6 +320,7 @@ def test_is_evaluated_counts_what_the_budget_counts():
     def trial(state, **attrs):
         value = 1.0 if state == TrialState.COMPLETE else None
         return optuna.trial.create_trial(state=state, value=value, params={"x": 1}, distributions=d, user_attrs=attrs)
+
     assert st.is_evaluated(trial(TrialState.COMPLETE, status="ok"))
     assert st.is_evaluated(trial(TrialState.PRUNED, status="wrong_result"))
     assert st.is_evaluated(trial(TrialState.PRUNED, status="a_status_of_a_newer_flashtune"))
@@ -316,6 +362,7 @@ def test_a_racing_tuner_waits_for_the_creator_to_finish_the_study(storage, toy_s
         study.set_user_attr("gpu", GPU)
         study.set_user_attr("space_digest", st.space_digest(toy_space))
         study.set_user_attr("flashtune", {"version": __version__, "schema": st.SCHEMA_VERSION})
+
     creator = threading.Thread(target=finish)
     creator.start()
     resumed = _open(storage, toy_space, problem)

@@ -12,8 +12,15 @@ from tuner.cli import main
 from tuner.paths import REPO_ROOT
 from tuner.problem import Problem
 from tuner.space import load_space
-from tuner.study import DEFAULT_STORAGE
-from tuner.study import SuiteError, is_finished, load_suite, select_studies, suite_storage, suite_studies
+from tuner.study import (
+    DEFAULT_STORAGE,
+    SuiteError,
+    is_finished,
+    load_suite,
+    select_studies,
+    suite_storage,
+    suite_studies,
+)
 
 FAMILY = family_for_tests()
 STUDIES = (REPO_ROOT or Path(__file__).resolve().parents[2]) / "studies"
@@ -30,15 +37,21 @@ def test_shipped_h200_sweep_is_issue_4s_grid():
     assert suite.name == "h200_sweep" and len(suite.problems) == 48
     seqlens = [512, 1024, 2048, 4096, 8192, 16384]
     assert {(p.head_dim, p.heads_q, p.dtype, p.causal, p.seqlen_q) for p in suite.problems} == {
-        (d, h, t, c, n) for d, h in ((128, 16), (64, 32)) for t in ("fp16", "bf16") for c in (False, True)
-        for n in seqlens}
+        (d, h, t, c, n)
+        for d, h in ((128, 16), (64, 32))
+        for t in ("fp16", "bf16")
+        for c in (False, True)
+        for n in seqlens
+    }
     for p in suite.problems:
         assert p.batch * p.seqlen_q == 16384 and p.heads_q == p.heads_kv
         assert p.seqlen_k == p.seqlen_q
 
 
 def test_several_grids(tmp_path):
-    path = write(tmp_path, f'''family = "{FAMILY}"
+    path = write(
+        tmp_path,
+        f'''family = "{FAMILY}"
 [[grid]]
 head_dim = 128
 heads = 16
@@ -49,10 +62,14 @@ head_dim = 64
 heads = 32
 seqlen = 1024
 batch = 2
-''')
+''',
+    )
     suite = load_suite(path)
-    assert [(p.head_dim, p.heads_q, p.seqlen_q) for p in suite.problems] == [(128, 16, 1024), (128, 16, 2048),
-                                                                           (64, 32, 1024)]
+    assert [(p.head_dim, p.heads_q, p.seqlen_q) for p in suite.problems] == [
+        (128, 16, 1024),
+        (128, 16, 2048),
+        (64, 32, 1024),
+    ]
 
 
 @pytest.mark.parametrize("path", sorted(STUDIES.glob("*.toml")), ids=lambda p: p.name)
@@ -61,7 +78,9 @@ def test_every_shipped_suite_loads(path):
 
 
 def test_grid_and_listed_problems_are_merged_without_repeats(tmp_path):
-    path = write(tmp_path, f'''
+    path = write(
+        tmp_path,
+        f'''
 family = "{FAMILY}"
 description = "test"
 [grid]
@@ -83,37 +102,42 @@ kv_heads = 8
 seqlen = 100
 seqlen_k = 300
 tokens = 200
-''')
+''',
+    )
     suite = load_suite(path)
     assert suite.storage is None and suite.family == FAMILY and suite.description == "test"
     assert len(suite.problems) == 5  # 4 from the grid; the first listed one repeats a grid problem
     assert suite.problems[0] == Problem(batch=2, seqlen_q=256, heads_q=8, head_dim=64)
-    assert suite.problems[-1] == Problem(batch=2, seqlen_q=100, seqlen_k=300, heads_q=32, heads_kv=8, head_dim=128,
-                                         dtype="bf16")
+    assert suite.problems[-1] == Problem(
+        batch=2, seqlen_q=100, seqlen_k=300, heads_q=32, heads_kv=8, head_dim=128, dtype="bf16"
+    )
 
 
-BASE = 'head_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n'
+BASE = "head_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n"
 
 
-@pytest.mark.parametrize("text, match", [
-    ("[grid]\n" + BASE, "missing family"),
-    ('family = "nope"\n[grid]\n' + BASE, "unknown kernel family"),
-    (f'family = "{FAMILY}"\n', "names no problem"),
-    (f'family = "{FAMILY}"\ntrials = 3\n[grid]\n' + BASE, "unknown key"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "colour = 1\n", "unknown key"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", '"1024"'), "seqlen must be an integer"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "causal = 1\n", "causal must be true or false"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "tokens = 4096\n", "exactly one of batch and tokens"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("batch = 2", "tokens = 1000"), "not a positive multiple"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("128", "96"), "supports head dims"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE + 'dtype = "fp32"\n', "dtype must be one of"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", "[]"), "empty list"),
-    (f'family = "{FAMILY}"\n[[problems]]\n' + BASE.replace("1024", "[1, 2]"), "single values"),
-    (f'family = "{FAMILY}"\n[grid]\n' + BASE + "kv_heads = 3\n", "must divide heads_q"),
-    ("family = [", "not valid TOML"),
-    (f'family = "{FAMILY}"\ngrid = 3\n', "grid must be a table"),
-    (f'family = "{FAMILY}"\n[[grid]]\n' + BASE + "seqlen_k = []\n", r"\[\[grid\]\] #1: seqlen_k is an empty list"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("[grid]\n" + BASE, "missing family"),
+        ('family = "nope"\n[grid]\n' + BASE, "unknown kernel family"),
+        (f'family = "{FAMILY}"\n', "names no problem"),
+        (f'family = "{FAMILY}"\ntrials = 3\n[grid]\n' + BASE, "unknown key"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE + "colour = 1\n", "unknown key"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", '"1024"'), "seqlen must be an integer"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE + "causal = 1\n", "causal must be true or false"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE + "tokens = 4096\n", "exactly one of batch and tokens"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("batch = 2", "tokens = 1000"), "not a positive multiple"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("128", "96"), "supports head dims"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE + 'dtype = "fp32"\n', "dtype must be one of"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE.replace("1024", "[]"), "empty list"),
+        (f'family = "{FAMILY}"\n[[problems]]\n' + BASE.replace("1024", "[1, 2]"), "single values"),
+        (f'family = "{FAMILY}"\n[grid]\n' + BASE + "kv_heads = 3\n", "must divide heads_q"),
+        ("family = [", "not valid TOML"),
+        (f'family = "{FAMILY}"\ngrid = 3\n', "grid must be a table"),
+        (f'family = "{FAMILY}"\n[[grid]]\n' + BASE + "seqlen_k = []\n", r"\[\[grid\]\] #1: seqlen_k is an empty list"),
+    ],
+)
 def test_malformed_suites_are_refused_naming_the_file(tmp_path, text, match):
     path = write(tmp_path, text)
     with pytest.raises(SuiteError, match=match) as info:
@@ -138,8 +162,11 @@ def test_storage_precedence(tmp_path):
 
 def test_studies_of_a_suite_are_found_by_problem(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
-    suite = load_suite(write(tmp_path, f'family = "{FAMILY}"\n[grid]\nhead_dim = 128\nheads = 16\n'
-                                       'seqlen = [512, 1024]\ntokens = 4096\n'))
+    suite = load_suite(
+        write(
+            tmp_path, f'family = "{FAMILY}"\n[grid]\nhead_dim = 128\nheads = 16\nseqlen = [512, 1024]\ntokens = 4096\n'
+        )
+    )
     make_study(url, "a-512", FAMILY, suite.problems[0], n_trials=4, failures=False)
     make_study(url, "other-problem", FAMILY, Problem(batch=1, seqlen_q=64, heads_q=1, head_dim=128), n_trials=4)
     storage = optuna.storages.RDBStorage(url)
@@ -169,8 +196,11 @@ def test_is_finished_needs_the_trial_target_and_a_winner(tmp_path):
 
     done = optuna.load_study(study_name="done", storage=storage)  # a faster trial after the re-timing
     best = max((t for t in done.trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
-    done.add_trial(optuna.trial.create_trial(value=best.value * 3, params=best.params, distributions=best.distributions,
-                                             user_attrs={"status": "ok"}))
+    done.add_trial(
+        optuna.trial.create_trial(
+            value=best.value * 3, params=best.params, distributions=best.distributions, user_attrs={"status": "ok"}
+        )
+    )
     assert not is_finished(storage, "done", 3)  # the stale winner is re-timed on the next run
 
 
@@ -188,8 +218,14 @@ def fake_gpu_run(monkeypatch):
         spec = run.spec
         runs.append(spec.study_name)
         study = optuna.load_study(study_name=spec.study_name, storage=optuna.storages.RDBStorage(spec.storage_url))
-        fill_study(study, load_space(spec.family), spec.problem, n_trials=spec.settings.n_trials, seed=len(runs),
-                   failures=False)
+        fill_study(
+            study,
+            load_space(spec.family),
+            spec.problem,
+            n_trials=spec.settings.n_trials,
+            seed=len(runs),
+            failures=False,
+        )
         return []
 
     class NoWorker:
@@ -217,8 +253,11 @@ def fake_gpu_run(monkeypatch):
 
 def test_tune_suite_runs_every_problem_then_resumes(tmp_path, fake_gpu_run, capsys):
     url = f"sqlite:///{tmp_path}/suite.db"
-    path = write(tmp_path, f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = ["fp16", "bf16"]\n'
-                           "causal = [false, true]\nhead_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n")
+    path = write(
+        tmp_path,
+        f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = ["fp16", "bf16"]\n'
+        "causal = [false, true]\nhead_dim = 128\nheads = 16\nseqlen = 1024\nbatch = 2\n",
+    )
     suite = load_suite(path)
     assert main(["tune", "--suite", str(path), "--trials", "4", "--top-k", "1"]) == 0
     assert len(fake_gpu_run) == 4 and len(set(fake_gpu_run)) == 4
@@ -249,8 +288,11 @@ def test_a_new_study_of_a_suite_starts_from_the_winners_of_tuned_shapes(tmp_path
     from tuner import study as st
 
     url = f"sqlite:///{tmp_path}/suite.db"
-    path = write(tmp_path, f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\n'
-                           "head_dim = 128\nheads = 16\nseqlen = [1024, 4096]\nbatch = 2\n")
+    path = write(
+        tmp_path,
+        f'family = "{FAMILY}"\nstorage = "{url}"\n[grid]\ndtype = "fp16"\ncausal = [false, true]\n'
+        "head_dim = 128\nheads = 16\nseqlen = [1024, 4096]\nbatch = 2\n",
+    )
     assert main(["tune", "--suite", str(path), "--trials", "4", "--top-k", "1"]) == 0
     storage = optuna.storages.RDBStorage(url)
     first = optuna.load_study(study_name=fake_gpu_run[0], storage=storage)
@@ -281,22 +323,26 @@ def test_warm_start_takes_the_nearest_shapes_winners_of_the_same_family_gpu_dtyp
     winners = {}
 
     def tuned(name, **shape):
-        problem = Problem(**{"batch": 2, "seqlen_q": 4096, "heads_q": 16, "head_dim": 128, "dtype": "fp16",
-                             "causal": True, **shape})
+        problem = Problem(
+            **{"batch": 2, "seqlen_q": 4096, "heads_q": 16, "head_dim": 128, "dtype": "fp16", "causal": True, **shape}
+        )
         study = open_fake_study(storage, name, space, problem)
         while True:  # a feasible, non-default config of its own
             config = {k.name: rng.choice(k.values) for k in space.knobs}
-            if (space.check(config, target, device) is None and config != space.defaults(128)
-                    and config not in winners.values()):
+            if (
+                space.check(config, target, device) is None
+                and config != space.defaults(128)
+                and config not in winners.values()
+            ):
                 break
         winners[name] = config
         study.set_user_attr("winner", {"config": config, "tflops": 100.0, "trial": 0})
 
-    tuned("causal-n1024", seqlen_q=1024)        # same causal flag, 4x shorter
-    tuned("full-n4096", causal=False)           # same length, other causal flag
-    tuned("causal-n16384", seqlen_q=16384)      # same causal flag, 4x longer (tie with n1024)
-    tuned("causal-n2048", seqlen_q=2048)        # same causal flag, 2x shorter: the nearest
-    tuned("bf16-causal-n4096", dtype="bf16")    # other dtype: never
+    tuned("causal-n1024", seqlen_q=1024)  # same causal flag, 4x shorter
+    tuned("full-n4096", causal=False)  # same length, other causal flag
+    tuned("causal-n16384", seqlen_q=16384)  # same causal flag, 4x longer (tie with n1024)
+    tuned("causal-n2048", seqlen_q=2048)  # same causal flag, 2x shorter: the nearest
+    tuned("bf16-causal-n4096", dtype="bf16")  # other dtype: never
     tuned("d64-causal-n4096", head_dim=64, heads_q=32)  # other head dim: never
 
     chosen = warm_start_configs(storage, space, target, device, gpu_for(space)["name"], limit=3)

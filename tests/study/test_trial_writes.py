@@ -17,10 +17,20 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tests.conftest import fast_dir
 from tests.study.test_storage_contract import _drop_pg_database, _new_pg_database
-from tuner.study import OWNER, this_process
 from tuner.search import distributions
-from tuner.study import FlashtuneStorage, open_storage, pop_waiting_trial_id, reading, study_storage, trial_id_of
-from tuner.study import TrialRef, create_running_trial, finish_trial
+from tuner.study import (
+    OWNER,
+    FlashtuneStorage,
+    TrialRef,
+    create_running_trial,
+    finish_trial,
+    open_storage,
+    pop_waiting_trial_id,
+    reading,
+    study_storage,
+    this_process,
+    trial_id_of,
+)
 from tuner.study._optuna_storage import flashtune_storage
 
 MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory", "plain-rdb"]
@@ -66,8 +76,9 @@ def test_a_created_trial_holds_what_optuna_s_own_creation_holds(storage, toy_spa
     config = toy_space.defaults()
     study = _study(storage)
     theirs = study.ask(dists)  # Optuna's own: number 0
-    ours = create_running_trial(study, config, dists, user_attrs={"exploration": True, "note": [1, "a"]},
-                                system_attrs={OWNER: this_process()})
+    ours = create_running_trial(
+        study, config, dists, user_attrs={"exploration": True, "note": [1, "a"]}, system_attrs={OWNER: this_process()}
+    )
     again = study.ask()  # numbering goes on densely across both ways of creating trials
     assert (theirs.number, ours.number, again.number) == (0, 1, 2)
     stored = _reread(study, ours)
@@ -101,8 +112,13 @@ def test_finishing_stores_state_value_and_attributes_all_at_once(storage, toy_sp
     dists = distributions(toy_space)
     study = _study(storage)
     trial = create_running_trial(study, toy_space.defaults(), dists, user_attrs={"exploration": True, "status": "?"})
-    assert finish_trial(study, trial, state=TrialState.COMPLETE, value=value,
-                        user_attrs={"status": "ok", "measurement": {"tflops": value, "reps": 10}})
+    assert finish_trial(
+        study,
+        trial,
+        state=TrialState.COMPLETE,
+        value=value,
+        user_attrs={"status": "ok", "measurement": {"tflops": value, "reps": 10}},
+    )
     stored = _reread(study, trial)
     assert stored.state == TrialState.COMPLETE and stored.value == value and stored.datetime_complete is not None
     assert stored.user_attrs == {"exploration": True, "status": "ok", "measurement": {"tflops": value, "reps": 10}}
@@ -167,8 +183,9 @@ def test_on_flashtune_s_storage_a_trial_is_created_and_finished_in_a_few_stateme
         study = _study(storage)
         dists = distributions(toy_space)
         sent = _statements(storage)
-        trial = create_running_trial(study, toy_space.defaults(), dists, user_attrs={"exploration": True},
-                                     system_attrs={OWNER: this_process()})
+        trial = create_running_trial(
+            study, toy_space.defaults(), dists, user_attrs={"exploration": True}, system_attrs={OWNER: this_process()}
+        )
         assert len(dists) >= 4 and len(sent) <= 9, sent
         sent.clear()
         assert finish_trial(study, trial, state=TrialState.COMPLETE, value=1.0, user_attrs={"status": "ok"})

@@ -9,16 +9,28 @@
 """
 
 from ._api import (
-                   DEFAULT_SHAPES,
-                   EAGER_RATIO_TARGET,
-                   HOST_US_TARGET,
-                   ApiRow,
-                   host_us_per_call,
-                   render_table,
-                   run_api_bench,
+    DEFAULT_SHAPES,
+    EAGER_RATIO_TARGET,
+    HOST_US_TARGET,
+    ApiRow,
+    host_us_per_call,
+    render_table,
+    run_api_bench,
 )
 from ._bench import run_bench, study_for_bench
 from ._suite import BenchRow, bench_suite, markdown_table
 
-__all__ = ["DEFAULT_SHAPES", "EAGER_RATIO_TARGET", "HOST_US_TARGET", "ApiRow", "BenchRow", "bench_suite",
-           "host_us_per_call", "markdown_table", "render_table", "run_api_bench", "run_bench", "study_for_bench"]
+__all__ = [
+    "DEFAULT_SHAPES",
+    "EAGER_RATIO_TARGET",
+    "HOST_US_TARGET",
+    "ApiRow",
+    "BenchRow",
+    "bench_suite",
+    "host_us_per_call",
+    "markdown_table",
+    "render_table",
+    "run_api_bench",
+    "run_bench",
+    "study_for_bench",
+]

@@ -146,8 +146,9 @@ def _callers(torch, problem: Problem, *, family: str, config, tuned) -> dict[str
     callers = {
         "tuner": lambda: attention(q, k, v, causal=p.causal, family=family, config=config, tuned=tuned),
         "op": lambda: torch.ops.flashtune.attention(q, k, v, p.causal, None, family, op_config, tuned),
-        "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                       is_causal=p.causal, **gqa),
+        "sdpa": lambda: F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=p.causal, **gqa
+        ),
     }
     if not isinstance(config, (str, type(None))) or not isinstance(tuned, (str, type(None))):
         del callers["op"]  # the operator takes strings only
@@ -175,30 +176,38 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def render_table(rows: Sequence[ApiRow], *, header: str) -> str:
-    lines = [header,
-             f"{'':<34}{'host us per call':^24}{'eager TFLOPS':^24}{'kernel TFLOPS':^24}{'eager/kernel':^24}",
-             f"{'shape':<34}" + "".join(f"{c:>8}" for c in CALLERS) * 4]
+    lines = [
+        header,
+        f"{'':<34}{'host us per call':^24}{'eager TFLOPS':^24}{'kernel TFLOPS':^24}{'eager/kernel':^24}",
+        f"{'shape':<34}" + "".join(f"{c:>8}" for c in CALLERS) * 4,
+    ]
     for row in rows:
-        lines.append(f"{row.problem.slug():<34}" + "".join(_cell(row.host_us.get(c), ".1f").rjust(8) for c in CALLERS)
-                     + "".join(_cell(row.eager_tflops.get(c), ".1f").rjust(8) for c in CALLERS)
-                     + "".join(_cell(row.kernel_tflops.get(c), ".1f").rjust(8) for c in CALLERS)
-                     + "".join(_cell(row.ratio(c), ".3f").rjust(8) for c in CALLERS))
+        lines.append(
+            f"{row.problem.slug():<34}"
+            + "".join(_cell(row.host_us.get(c), ".1f").rjust(8) for c in CALLERS)
+            + "".join(_cell(row.eager_tflops.get(c), ".1f").rjust(8) for c in CALLERS)
+            + "".join(_cell(row.kernel_tflops.get(c), ".1f").rjust(8) for c in CALLERS)
+            + "".join(_cell(row.ratio(c), ".3f").rjust(8) for c in CALLERS)
+        )
     host = [r.host_us["tuner"] for r in rows if "tuner" in r.host_us]
     ratios = [r.ratio("tuner") for r in rows if r.problem.seqlen_q >= 2048 and r.ratio("tuner")]
     worst_host = max(host, default=None)
-    lines.append(f"targets: tuner.attention host time <= {HOST_US_TARGET:g} us: "
-                 f"{'met' if host and worst_host <= HOST_US_TARGET else 'NOT met'} "
-                 f"(worst {_cell(worst_host, '.1f')} us); "
-                 f"eager/kernel >= {EAGER_RATIO_TARGET:g} at N >= 2048: "
-                 f"{'met' if ratios and min(ratios) >= EAGER_RATIO_TARGET else 'NOT met'} "
-                 f"(worst {_cell(min(ratios, default=None), '.3f')})")
+    lines.append(
+        f"targets: tuner.attention host time <= {HOST_US_TARGET:g} us: "
+        f"{'met' if host and worst_host <= HOST_US_TARGET else 'NOT met'} "
+        f"(worst {_cell(worst_host, '.1f')} us); "
+        f"eager/kernel >= {EAGER_RATIO_TARGET:g} at N >= 2048: "
+        f"{'met' if ratios and min(ratios) >= EAGER_RATIO_TARGET else 'NOT met'} "
+        f"(worst {_cell(min(ratios, default=None), '.3f')})"
+    )
     sources = sorted({r.kernel_source for r in rows})
     lines.append(f"kernel time: {' and '.join(sources)} (profiler: CUPTI kernel durations; graph: CUDA graph replay)")
     return "\n".join(lines) + "\n"
 
 
-def run_api_bench(problems: Sequence[Problem], *, family: str, config=None, tuned=None, device: int = 0,
-                  out: TextIO) -> list[ApiRow]:
+def run_api_bench(
+    problems: Sequence[Problem], *, family: str, config=None, tuned=None, device: int = 0, out: TextIO
+) -> list[ApiRow]:
     """Benchmark each problem on CUDA device ``device`` and print the table on ``out``."""
     torch = _torch()
     if not 0 <= device < torch.cuda.device_count():
@@ -209,7 +218,9 @@ def run_api_bench(problems: Sequence[Problem], *, family: str, config=None, tune
         rows.append(bench_problem(problem, family=family, config=config, tuned=tuned))
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     what = "defaults" if config is None else (f"config {config}" if isinstance(config, str) else "config given")
-    header = (f"flashtune bench --api: family {family} ({what}) on {props.name}, torch {torch.__version__}; "
-              "tuner = tuner.attention, op = torch.ops.flashtune.attention, sdpa = F.scaled_dot_product_attention")
+    header = (
+        f"flashtune bench --api: family {family} ({what}) on {props.name}, torch {torch.__version__}; "
+        "tuner = tuner.attention, op = torch.ops.flashtune.attention, sdpa = F.scaled_dot_product_attention"
+    )
     out.write(render_table(rows, header=header))
     return rows

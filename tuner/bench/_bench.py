@@ -24,8 +24,16 @@ def study_for_bench(study_name: str, storage_url: str | None) -> tuple[str, Prob
     return chosen.family, chosen.problem, chosen.config
 
 
-def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Problem, *, config: dict[str, int],
-              out: TextIO, settings: MeasureSettings | None = None) -> list[dict[str, Any]]:
+def run_bench(
+    worker: Worker,
+    info: dict[str, Any],
+    family: str,
+    problem: Problem,
+    *,
+    config: dict[str, int],
+    out: TextIO,
+    settings: MeasureSettings | None = None,
+) -> list[dict[str, Any]]:
     """Time ``config`` (every knob) of ``family`` on ``problem`` against the peers; print the table on ``out``."""
     # checked, on inputs of its own: a config must compute the right function on inputs it was not tuned on
     settings = dataclasses.replace(settings or MeasureSettings(), check=True, fresh_inputs=True)
@@ -39,13 +47,22 @@ def run_bench(worker: Worker, info: dict[str, Any], family: str, problem: Proble
     if outcome.payload is None:
         raise CompileError(outcome.reason)
     result = worker.measure(measure_job_for(space, chosen, problem, device, outcome.payload, settings, tag="bench"))
-    rows: list[dict[str, Any]] = [{"name": f"flashtune_{space.name}", "latency_ms": result.latency_ms,
-                                   "tflops": result.tflops, "spread": result.spread,
-                                   "detail": result.detail or (f"rel err {result.rel_error:.2e}" if result.rel_error is not None else "")}]
+    rows: list[dict[str, Any]] = [
+        {
+            "name": f"flashtune_{space.name}",
+            "latency_ms": result.latency_ms,
+            "tflops": result.tflops,
+            "spread": result.spread,
+            "detail": result.detail or (f"rel err {result.rel_error:.2e}" if result.rel_error is not None else ""),
+        }
+    ]
     rows += worker.peers(problem, settings, timeout_s=600)
     ours = rows[0]["tflops"]
-    print(f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info.get('driver_version', info['driver'])}, "
-          f"SM clock {info.get('sm_clock_mhz', '?')} MHz)", file=out)
+    print(
+        f"{problem.slug()} on {info['name']} (sm_{device.arch}, driver {info.get('driver_version', info['driver'])}, "
+        f"SM clock {info.get('sm_clock_mhz', '?')} MHz)",
+        file=out,
+    )
     print("config: " + ", ".join(f"{k}={v}" for k, v in chosen.items()), file=out)
     print(f"{'kernel':<32} {'ms':>9} {'TFLOPS':>8} {'ours/x':>7}  note", file=out)
     for row in rows:

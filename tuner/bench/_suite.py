@@ -51,12 +51,20 @@ class BenchRow:
         return self.tflops / other if self.tflops and other else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problem": self.problem.to_dict(), "study": self.study, "config": self.config, "tflops": self.tflops,
-                "note": self.note, "peers": self.peers, "ablations": self.ablations}
+        return {
+            "problem": self.problem.to_dict(),
+            "study": self.study,
+            "config": self.config,
+            "tflops": self.tflops,
+            "note": self.note,
+            "peers": self.peers,
+            "ablations": self.ablations,
+        }
 
 
-def _study_for(storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu: str
-               ) -> tuple[str | None, ChosenConfig | None, str]:
+def _study_for(
+    storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu: str
+) -> tuple[str | None, ChosenConfig | None, str]:
     """Of the studies tuning one problem, the one measured on this GPU model with the fastest valid winner:
     (its name, its winner checked as ``export`` checks it, why there is none)."""
     best: tuple[str | None, ChosenConfig | None, str] = (None, None, "")
@@ -75,8 +83,16 @@ def _study_for(storage: optuna.storages.BaseStorage, names: tuple[str, ...], gpu
     return best
 
 
-def _time(worker: Worker, space: Space, config: dict[str, int], problem: Problem, device: DeviceLimits,
-          settings: MeasureSettings, tag: str, compiler: Callable[..., CompileOutcome]) -> tuple[float | None, str]:
+def _time(
+    worker: Worker,
+    space: Space,
+    config: dict[str, int],
+    problem: Problem,
+    device: DeviceLimits,
+    settings: MeasureSettings,
+    tag: str,
+    compiler: Callable[..., CompileOutcome],
+) -> tuple[float | None, str]:
     reason = space.check(config, problem, device)
     if reason:
         return None, f"infeasible: {reason}"
@@ -99,15 +115,28 @@ def _ablations(space: Space, row: BenchRow) -> dict[str, dict[str, int]]:
     return out
 
 
-def _warm(compiler: Callable[..., CompileOutcome], space_path: str, job: tuple[dict[str, int], Problem], *,
-          device: DeviceLimits) -> None:
+def _warm(
+    compiler: Callable[..., CompileOutcome],
+    space_path: str,
+    job: tuple[dict[str, int], Problem],
+    *,
+    device: DeviceLimits,
+) -> None:
     compiler(space_path, job[0], job[1], device)
 
 
-def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url: str, *, ablate: bool = False,
-                settings: MeasureSettings | None = None, log: TextIO | None = None,
-                compiler: Callable[..., CompileOutcome] = compile_outcome,
-                compile_workers: int = 1) -> list[BenchRow]:
+def bench_suite(
+    worker: Worker,
+    info: dict[str, Any],
+    suite: Suite,
+    storage_url: str,
+    *,
+    ablate: bool = False,
+    settings: MeasureSettings | None = None,
+    log: TextIO | None = None,
+    compiler: Callable[..., CompileOutcome] = compile_outcome,
+    compile_workers: int = 1,
+) -> list[BenchRow]:
     """One row per problem of ``suite``, in the suite's order (problems without a study on this GPU
     model get a note instead of figures)."""
     settings = settings or MeasureSettings()
@@ -127,34 +156,48 @@ def bench_suite(worker: Worker, info: dict[str, Any], suite: Suite, storage_url:
         else:
             row.config = dict(chosen.config)
     if compile_workers > 1:  # every kernel the run times, compiled up front in parallel (the cubin cache keeps them)
-        jobs = [(variant, row.problem) for row in rows if row.config
-                for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
-                if space.check(variant, row.problem, device) is None]
+        jobs = [
+            (variant, row.problem)
+            for row in rows
+            if row.config
+            for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
+            if space.check(variant, row.problem, device) is None
+        ]
         with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
             list(pool.map(functools.partial(_warm, compiler, str(space.path), device=device), jobs))
     for i, row in enumerate(rows, 1):
         if row.config:
-            row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite",
-                                         compiler)
+            row.tflops, row.note = _time(
+                worker, space, row.config, row.problem, device, settings, "bench-suite", compiler
+            )
             if ablate and row.tflops:
                 for name, variant in _ablations(space, row).items():
-                    row.ablations[name], _ = _time(worker, space, variant, row.problem, device, settings,
-                                                   f"ablate-{name}", compiler)
+                    row.ablations[name], _ = _time(
+                        worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
+                    )
         if row.config or row.study:
             peers = worker.peers(row.problem, settings, timeout_s=900)
             row.peers = {p["name"]: p.get("tflops") for p in peers}
         if log is not None:
             ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
             cudnn = row.ratio("cudnn")
-            print(f"bench [{i}/{len(entries)}] {row.problem.slug()}: {ours}"
-                  + (f", {cudnn:.3f}x cuDNN" if cudnn else ""), file=log, flush=True)
+            print(
+                f"bench [{i}/{len(entries)}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else ""),
+                file=log,
+                flush=True,
+            )
     return rows
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -167,27 +210,38 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
 def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, storage_url: str) -> str:
     """The table BENCHMARKS.md records, with the date, GPU, driver, clock, version and commit above it."""
     commit = _git_commit()
-    lines = [f"`flashtune bench --suite {suite.path.name}` — {dt.date.today().isoformat()}, {info['name']} "
-             f"(sm_{info['arch']}, driver {info.get('driver_version', info.get('driver', '?'))}, SM clock "
-             f"{info.get('sm_clock_mhz', '?')} MHz), flashtune {__version__}"
-             + (f" at {commit}" if commit else "") + f", studies in {mask_url(storage_url)}.",
-             "", "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`flashtune bench --suite {suite.path.name}` — {dt.date.today().isoformat()}, {info['name']} "
+        f"(sm_{info['arch']}, driver {info.get('driver_version', info.get('driver', '?'))}, SM clock "
+        f"{info.get('sm_clock_mhz', '?')} MHz), flashtune {__version__}"
+        + (f" at {commit}" if commit else "")
+        + f", studies in {mask_url(storage_url)}.",
+        "",
+        "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         p = r.problem
-        lines.append(f"| {p.dtype} | {p.head_dim} | {p.heads_q} | {'yes' if p.causal else 'no'} | {p.seqlen_q} | "
-                     f"{p.batch} | {_num(r.tflops)} | {_num(r.peers.get(PEERS['cudnn']))} | "
-                     f"{_num(r.peers.get(PEERS['fa2']))} | {_num(r.ratio('cudnn'), '.3f')} | "
-                     f"{_num(r.ratio('fa2'), '.3f')} | {_num(r.ratio('gemm'), '.3f')} | {r.note} |")
+        lines.append(
+            f"| {p.dtype} | {p.head_dim} | {p.heads_q} | {'yes' if p.causal else 'no'} | {p.seqlen_q} | "
+            f"{p.batch} | {_num(r.tflops)} | {_num(r.peers.get(PEERS['cudnn']))} | "
+            f"{_num(r.peers.get(PEERS['fa2']))} | {_num(r.ratio('cudnn'), '.3f')} | "
+            f"{_num(r.ratio('fa2'), '.3f')} | {_num(r.ratio('gemm'), '.3f')} | {r.note} |"
+        )
     gemm = [r.peers.get(PEERS["gemm"]) for r in rows if r.peers.get(PEERS["gemm"])]
     if gemm:
         lines += ["", f"cuBLAS GEMM 8192³ {min(gemm):.0f}–{max(gemm):.0f} TFLOPS over the run."]
     ablated = [r for r in rows if r.ablations]
     if ablated:
         knobs = sorted({k for r in ablated for k in r.ablations})
-        lines += ["", "Ablations: winner TFLOPS / TFLOPS with the knob put back to its default "
-                  "(> 1: the tuned value pays; — : same as the default or infeasible).", "",
-                  "| problem | " + " | ".join(knobs) + " |", "|---|" + "---|" * len(knobs)]
+        lines += [
+            "",
+            "Ablations: winner TFLOPS / TFLOPS with the knob put back to its default "
+            "(> 1: the tuned value pays; — : same as the default or infeasible).",
+            "",
+            "| problem | " + " | ".join(knobs) + " |",
+            "|---|" + "---|" * len(knobs),
+        ]
         for r in ablated:
             cells = [_num(r.tflops / r.ablations[k], ".3f") if r.ablations.get(k) else "—" for k in knobs]
             lines.append(f"| {r.problem.slug()} | " + " | ".join(cells) + " |")

@@ -9,15 +9,31 @@ from ..errors import UsageError
 from ..problem import Problem
 from ..text import printable
 
-__all__ = ["MAX_SEED", "check_printable_name", "check_seed", "explicit_problem_flags", "parse_config", "problem_from", "tune_settings"]
+__all__ = [
+    "MAX_SEED",
+    "check_printable_name",
+    "check_seed",
+    "explicit_problem_flags",
+    "parse_config",
+    "problem_from",
+    "tune_settings",
+]
 
 
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
 
 
 def problem_from(args: argparse.Namespace) -> Problem:
-    return Problem(batch=args.batch, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k, heads_q=args.heads,
-                   heads_kv=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
+    return Problem(
+        batch=args.batch,
+        seqlen_q=args.seqlen,
+        seqlen_k=args.seqlen_k,
+        heads_q=args.heads,
+        heads_kv=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        causal=args.causal,
+    )
 
 
 def explicit_problem_flags(args: argparse.Namespace) -> list[str]:
@@ -58,19 +74,30 @@ def tune_settings(args: argparse.Namespace, n_trials: int | None):
 
     if n_trials is not None and n_trials <= 0:
         raise UsageError("--trials must be positive")
-    for flag, value, least in (("--compile-workers", args.compile_workers, 1), ("--rounds", args.rounds, 1),
-                               ("--top-k", args.top_k, 0)):
+    for flag, value, least in (
+        ("--compile-workers", args.compile_workers, 1),
+        ("--rounds", args.rounds, 1),
+        ("--top-k", args.top_k, 0),
+    ):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, not {value}")
     from ..compile import MAX_JOBS
 
-    for flag, value, most in (("--compile-workers", args.compile_workers, MAX_JOBS), ("--rounds", args.rounds, 1000),
-                              ("--top-k", args.top_k, 1000)):
+    for flag, value, most in (
+        ("--compile-workers", args.compile_workers, MAX_JOBS),
+        ("--rounds", args.rounds, 1000),
+        ("--top-k", args.top_k, 1000),
+    ):
         if value > most:
             raise UsageError(f"{flag} must be at most {most}, not {value}")
     for flag, value in (("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout)):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
     check_seed(args.seed)
-    return TuneSettings(n_trials=n_trials, timeout_s=args.timeout, compile_workers=args.compile_workers,
-                        trial_timeout_s=args.trial_timeout, measure=MeasureSettings(seed=args.seed or 0))
+    return TuneSettings(
+        n_trials=n_trials,
+        timeout_s=args.timeout,
+        compile_workers=args.compile_workers,
+        trial_timeout_s=args.trial_timeout,
+        measure=MeasureSettings(seed=args.seed or 0),
+    )

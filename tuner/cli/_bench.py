@@ -52,8 +52,9 @@ def _bench_api(args: argparse.Namespace) -> int:
     from ..bench import DEFAULT_SHAPES, run_api_bench
 
     if args.suite or args.study or args.ablate or args.output:
-        raise UsageError("--api times tuner.attention in this process on its own shapes; drop --suite, --study, "
-                         "--ablate and -o")
+        raise UsageError(
+            "--api times tuner.attention in this process on its own shapes; drop --suite, --study, --ablate and -o"
+        )
     shape_flags = [f for f in explicit_problem_flags(args) if f != "--family"]
     problems = [problem_from(args)] if shape_flags else list(DEFAULT_SHAPES)
     config = args.config
@@ -61,8 +62,9 @@ def _bench_api(args: argparse.Namespace) -> int:
         config = parse_config(config)
     if (config == "auto") != bool(args.tuned):
         raise UsageError("--config auto and --tuned (a dispatch .json, suite file or storage URL) go together")
-    run_api_bench(problems, family=args.family, config=config or None, tuned=args.tuned, device=args.gpu,
-                  out=sys.stdout)
+    run_api_bench(
+        problems, family=args.family, config=config or None, tuned=args.tuned, device=args.gpu, out=sys.stdout
+    )
     return 0
 
 
@@ -78,23 +80,32 @@ def _bench_suite(args: argparse.Namespace) -> int:
     if args.output:
         out = check_output_path(args.output)  # before the GPU run, not after it
         if out.suffix == ".json":
-            raise UsageError(f"-o {printable(out, 160)}: the table is Markdown (the JSON goes beside it); "
-                             "give a .md name")
+            raise UsageError(
+                f"-o {printable(out, 160)}: the table is Markdown (the JSON goes beside it); give a .md name"
+            )
         if not is_stream(out):  # /dev/stdout or a pipe: the table only
             json_out = check_output_path(out.with_suffix(".json"))
     suite = load_suite(args.suite)
     storage_url = suite_storage(suite, args.storage)
     worker, info = _gpus.start_worker(args.gpu)
     with worker:
-        rows = bench_suite(worker, info, suite, storage_url, ablate=args.ablate, log=sys.stderr,
-                           compile_workers=default_compile_workers())
+        rows = bench_suite(
+            worker,
+            info,
+            suite,
+            storage_url,
+            ablate=args.ablate,
+            log=sys.stderr,
+            compile_workers=default_compile_workers(),
+        )
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:
         write_text(table, out)
         if json_out is not None:
             write_text(json.dumps({"gpu": info, "rows": [r.to_dict() for r in rows]}, indent=1), json_out)
-        print(f"wrote {printable(out, 200)}" + (f" and {printable(json_out, 200)}" if json_out else ""),
-              file=sys.stderr)
+        print(
+            f"wrote {printable(out, 200)}" + (f" and {printable(json_out, 200)}" if json_out else ""), file=sys.stderr
+        )
     else:
         print(table, end="")
     return 0 if any(r.tflops for r in rows) else 1

@@ -30,17 +30,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.study is not None:
         check_printable_name(args.study)
     problem = problem_from(args)
-    spec = RunSpec(family=args.family, problem=problem, storage_url=args.storage, study_name=args.study or "",
-                   sampler=args.sampler, seed=args.seed, settings=tune_settings(args, args.trials))
+    spec = RunSpec(
+        family=args.family,
+        problem=problem,
+        storage_url=args.storage,
+        study_name=args.study or "",
+        sampler=args.sampler,
+        seed=args.seed,
+        settings=tune_settings(args, args.trials),
+    )
     space = _validate_early(spec)
     gpus = _gpus.parse(args.gpus)
     # the GPU workers (all GPUs at once) start before anything is created in the storage; they tune and re-time
     with compile_processes(spec.settings) as pool, _gpus.open_all(gpus) as (workers, infos):
         spec = prepare_study(spec, infos[0], space=space)
         info = infos[0]
-        print(f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
-              f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
-              f"{printable(info.get('driver_version', info.get('driver', '?')), 40)})", file=sys.stderr)
+        print(
+            f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
+            f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
+            f"{printable(info.get('driver_version', info.get('driver', '?')), 40)})",
+            file=sys.stderr,
+        )
         run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
         return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
 
@@ -55,8 +65,14 @@ def _tune_suite(args: argparse.Namespace) -> int:
         raise UsageError("--study names one study; with --suite every problem gets its default study name")
     tune_settings(args, args.trials)  # bad options fail before anything else
     suite = load_suite(args.suite)
-    base = RunSpec(family=suite.family, problem=suite.problems[0], storage_url=suite_storage(suite, args.storage),
-                   sampler=args.sampler, seed=args.seed, settings=tune_settings(args, args.trials))
+    base = RunSpec(
+        family=suite.family,
+        problem=suite.problems[0],
+        storage_url=suite_storage(suite, args.storage),
+        sampler=args.sampler,
+        seed=args.seed,
+        settings=tune_settings(args, args.trials),
+    )
     _validate_early(base)
     gpus = _gpus.parse(args.gpus)
     tune_suite(suite, base, gpus, _gpus.infos(gpus), top_k=args.top_k, rounds=args.rounds, on_done=_print_winner)
@@ -109,8 +125,11 @@ def _print_best(study, *, as_json: bool) -> int:
     tflops = f"{chosen.tflops:.1f}" if chosen.tflops is not None else "?"
     speedup = chosen.speedup_over_default
     trial = f", trial {chosen.trial}" if chosen.trial is not None else ""
-    print(f"best of {printable(chosen.study_name, 200)} ({printable(chosen.source, 80)}): {tflops} TFLOPS"
-          + (f", {speedup:.2f}x the default config" if speedup else "") + trial)
+    print(
+        f"best of {printable(chosen.study_name, 200)} ({printable(chosen.source, 80)}): {tflops} TFLOPS"
+        + (f", {speedup:.2f}x the default config" if speedup else "")
+        + trial
+    )
     for name, value in chosen.config.items():
         print(f"  {name} = {value}")
     return 0
@@ -138,7 +157,9 @@ def cmd_studies(args: argparse.Namespace) -> int:
     for r in rows:
         best = f"{r.best_tflops:.1f}" if r.best_tflops is not None else "-"
         won = f"{r.winner_tflops:.1f}" if r.winner_tflops is not None else "-"
-        print(f"{printable(r.name, None):<64} {r.trials:>6} {r.complete:>4} {best:>11} {won:>8}  {printable(r.gpu, 80)}")
+        print(
+            f"{printable(r.name, None):<64} {r.trials:>6} {r.complete:>4} {best:>11} {won:>8}  {printable(r.gpu, 80)}"
+        )
     return 0
 
 
@@ -150,8 +171,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     arch = args.arch if args.arch is not None else load_space(args.family).family.min_arch
     device = limits_for_arch(arch)
     problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
-    report = check_space(args.family, problem, device, samples=args.samples, jobs=args.jobs, seed=args.seed,
-                         out=sys.stdout)
+    report = check_space(
+        args.family, problem, device, samples=args.samples, jobs=args.jobs, seed=args.seed, out=sys.stdout
+    )
     return 0 if report.ok else 1
 
 
@@ -172,14 +194,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def progress(run) -> None:
         done[0] += 1
         if sys.stderr.isatty():
-            print(f"\rreplayed {done[0]}/{total} runs", end="" if done[0] < total else "\n", file=sys.stderr, flush=True)
+            print(
+                f"\rreplayed {done[0]}/{total} runs", end="" if done[0] < total else "\n", file=sys.stderr, flush=True
+            )
 
-    runs = replay(oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs,
-                  progress=progress)
+    runs = replay(
+        oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs, progress=progress
+    )
     rows = summarize(oracle, runs)
     if args.json:
-        print(json.dumps({"study": args.study, "best_tflops": oracle.best, "budget": args.budget,
-                          "window": args.window, "rows": rows}, indent=1, default=str))
+        print(
+            json.dumps(
+                {
+                    "study": args.study,
+                    "best_tflops": oracle.best,
+                    "budget": args.budget,
+                    "window": args.window,
+                    "rows": rows,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     else:
         print(format_table(oracle, rows, args.budget), end="")
     return 0
@@ -202,7 +238,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             json_path = check_output_path(check_output_path(args.output).with_suffix(".json"))
             print(f"wrote {printable(write_text(selection.json(), json_path), 200)}", file=sys.stderr)
     elif args.suite or not args.study:
-        raise UsageError("export one study with --study NAME, or several with --dispatch (--study PATTERN, --suite FILE)")
+        raise UsageError(
+            "export one study with --study NAME, or several with --dispatch (--study PATTERN, --suite FILE)"
+        )
     else:
         text = export_study(args.storage, args.study)
     if args.output:
@@ -220,6 +258,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         check_output_path(args.output)
     text, stem = build_report(args.storage, study=args.study, suite_path=args.suite)
     path = write_text(text, args.output or f"{stem}.html")
-    print(f"wrote {printable(path, 200)} ({len(text) // 1024} KiB): open it in a browser, no server needed",
-          file=sys.stderr)
+    print(
+        f"wrote {printable(path, 200)} ({len(text) // 1024} KiB): open it in a browser, no server needed",
+        file=sys.stderr,
+    )
     return 0

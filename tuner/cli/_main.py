@@ -3,6 +3,7 @@ line on standard error and an exit status (2: bad input or a failed storage, 1: 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -19,10 +20,8 @@ def _error(command: str, message: str) -> None:
     characters escaped, nothing that could look like a second line."""
     from ..study import redact
 
-    try:
+    with contextlib.suppress(BrokenPipeError, OSError):
         print(f"flashtune {command}: error: {printable(redact(message), 2000)}", file=sys.stderr, flush=True)
-    except (BrokenPipeError, OSError):
-        pass
 
 
 def _stdout_gone() -> None:
@@ -54,8 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(command, str(e))
         return 2
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
-        _error(command, f"the storage failed: {error_reason(e)}; check that --storage points at a healthy "
-                        "study database (finished trials stay stored) and rerun")
+        _error(
+            command,
+            f"the storage failed: {error_reason(e)}; check that --storage points at a healthy "
+            "study database (finished trials stay stored) and rerun",
+        )
         return 2
     except KeyboardInterrupt:
         print(f"flashtune {command}: interrupted; finished trials are stored", file=sys.stderr)
@@ -66,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if os.environ.get("FLASHTUNE_DEBUG"):
             raise
-        _error(command, f"internal error ({type(e).__name__}: {e}); rerun with FLASHTUNE_DEBUG=1 for the "
-                        "traceback, and please report it")
+        _error(
+            command,
+            f"internal error ({type(e).__name__}: {e}); rerun with FLASHTUNE_DEBUG=1 for the "
+            "traceback, and please report it",
+        )
         return 1

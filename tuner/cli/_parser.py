@@ -34,8 +34,7 @@ def _study_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("a study name must not be empty (leave --study out for the default name)")
     if len(text) > MAX_STUDY_NAME:
-        raise argparse.ArgumentTypeError(f"a study name has at most {MAX_STUDY_NAME} characters, this one "
-                                         f"{len(text)}")
+        raise argparse.ArgumentTypeError(f"a study name has at most {MAX_STUDY_NAME} characters, this one {len(text)}")
     return text
 
 
@@ -58,8 +57,9 @@ def _samples(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'all' or a number of configs, not {printable(text, 40)!r}"
-                                         ) from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'all' or a number of configs, not {printable(text, 40)!r}"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of configs, not {value}")
     return value
@@ -69,8 +69,7 @@ def _gpu_index(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), not {printable(text, 40)!r}"
-                                         ) from None
+        raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), not {printable(text, 40)!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a device index (0, 1, ...), not {value}")
     return value
@@ -98,8 +97,9 @@ def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True) -> None:
             g.add_argument("--seqlen", type=int, default=2048, help="query sequence length (default %(default)s)"),
             g.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)"),
             g.add_argument("--heads", type=int, default=16, help="query heads (default %(default)s)"),
-            g.add_argument("--kv-heads", type=int, default=None,
-                           help="key/value heads, dividing --heads (default: --heads)"),
+            g.add_argument(
+                "--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)"
+            ),
         ]
     p.set_defaults(problem_flags=tuple((a.option_strings[0], a.dest, a.default) for a in actions))
 
@@ -107,19 +107,32 @@ def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True) -> None:
 def _add_storage(p: argparse.ArgumentParser) -> None:
     from ..study import DEFAULT_STORAGE
 
-    p.add_argument("--storage", default=DEFAULT_STORAGE, type=_storage_url,
-                   help="SQLAlchemy URL of the study database (default %(default)s)")
+    p.add_argument(
+        "--storage",
+        default=DEFAULT_STORAGE,
+        type=_storage_url,
+        help="SQLAlchemy URL of the study database (default %(default)s)",
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
     p.add_argument("--gpus", default="0", help="CUDA devices: 0, 0,1,3 or all; one measuring process each (default 0)")
-    p.add_argument("--compile-workers", type=int, default=default_compile_workers(),
-                   help="CPU processes compiling ahead, shared by the GPUs (default %(default)s)")
-    p.add_argument("--trial-timeout", type=float, default=120.0,
-                   help="seconds before a trial counts as hung (default %(default)s)")
-    p.add_argument("--top-k", type=int, default=top_k,
-                   help="at the end, re-time the configs within the noise of the best, at most this many, with the "
-                        "default (0: none; default %(default)s)")
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        default=default_compile_workers(),
+        help="CPU processes compiling ahead, shared by the GPUs (default %(default)s)",
+    )
+    p.add_argument(
+        "--trial-timeout", type=float, default=120.0, help="seconds before a trial counts as hung (default %(default)s)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=top_k,
+        help="at the end, re-time the configs within the noise of the best, at most this many, with the "
+        "default (0: none; default %(default)s)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default %(default)s)")
 
 
@@ -132,9 +145,13 @@ def _add_tune(sub) -> None:
     _add_problem(p)
     _add_storage(p)
     p.add_argument("--study", type=_study_name, help="study name (default: derived from family, GPU and problem)")
-    p.add_argument("--trials", type=int, default=50, help="evaluated trials the study should hold (default %(default)s)")
+    p.add_argument(
+        "--trials", type=int, default=50, help="evaluated trials the study should hold (default %(default)s)"
+    )
     p.add_argument("--timeout", type=float, default=None, help="stop this run after so many seconds")
-    p.add_argument("--sampler", default=DEFAULT_SEARCH, choices=sorted(SEARCHES), help="search algorithm (default %(default)s)")
+    p.add_argument(
+        "--sampler", default=DEFAULT_SEARCH, choices=sorted(SEARCHES), help="search algorithm (default %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     _add_run_options(p)
     p.add_argument("--suite", help="tune every problem of a suite file (studies/*.toml) instead; reruns resume")
@@ -173,14 +190,24 @@ def _add_check(sub) -> None:
     """The options of ``flashtune check``."""
     p = sub.add_parser("check", help="compile a space without a GPU: static feasibility and ptxas resources")
     _add_problem(p, shape=False)
-    p.add_argument("--arch", type=int, default=None, choices=KNOWN_ARCHS,
-                   help="compute capability x10 (default: the family's oldest, 80 for sm80, 90 for sm90)")
-    p.add_argument("--samples", type=_samples, default=None,
-                   help="compile N feasible configs, the default among them (default 32: about a minute on two "
-                        "cores); 'all': every feasible config of a space small enough to enumerate (sm80: 552 "
-                        "at d128, about 17 minutes on two cores)")
-    p.add_argument("--jobs", type=int, default=default_compile_workers(),
-                   help="parallel compiles (default %(default)s)")
+    p.add_argument(
+        "--arch",
+        type=int,
+        default=None,
+        choices=KNOWN_ARCHS,
+        help="compute capability x10 (default: the family's oldest, 80 for sm80, 90 for sm90)",
+    )
+    p.add_argument(
+        "--samples",
+        type=_samples,
+        default=None,
+        help="compile N feasible configs, the default among them (default 32: about a minute on two "
+        "cores); 'all': every feasible config of a space small enough to enumerate (sm80: 552 "
+        "at d128, about 17 minutes on two cores)",
+    )
+    p.add_argument(
+        "--jobs", type=int, default=default_compile_workers(), help="parallel compiles (default %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random draws (default %(default)s)")
     p.set_defaults(func=cmd_check)
 
@@ -190,16 +217,24 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="time one config against PyTorch SDPA backends in one run")
     _add_problem(p)
     _add_storage(p)
-    p.add_argument("--config", help="knob values, e.g. block_m=128,block_n=64 (others: defaults); with --api also "
-                                    "a header path or 'auto'")
+    p.add_argument(
+        "--config",
+        help="knob values, e.g. block_m=128,block_n=64 (others: defaults); with --api also a header path or 'auto'",
+    )
     p.add_argument("--study", type=_study_name, help="take the config from this study's winner instead")
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")
-    p.add_argument("--ablate", action="store_true",
-                   help="with --suite: also time each winner with each tuned knob put back to its default")
+    p.add_argument(
+        "--ablate",
+        action="store_true",
+        help="with --suite: also time each winner with each tuned knob put back to its default",
+    )
     p.add_argument("-o", "--output", type=_output, help="with --suite: Markdown file to write (and a .json beside it)")
-    p.add_argument("--api", action="store_true",
-                   help="host us per call of tuner.attention, its torch op and SDPA, and eager vs kernel TFLOPS, on a "
-                        "few shapes (or the one the problem flags give); needs PyTorch")
+    p.add_argument(
+        "--api",
+        action="store_true",
+        help="host us per call of tuner.attention, its torch op and SDPA, and eager vs kernel TFLOPS, on a "
+        "few shapes (or the one the problem flags give); needs PyTorch",
+    )
     p.add_argument("--tuned", help="with --api --config auto: a dispatch .json, suite file or storage URL")
     p.add_argument("--gpu", type=_gpu_index, default=0, help="CUDA device index (default %(default)s)")
     p.set_defaults(func=cmd_bench)
@@ -209,18 +244,30 @@ def _add_replay(sub) -> None:
     """The options of ``flashtune replay``."""
     from ..search import SEARCHES
 
-    p = sub.add_parser("replay", help="replay tuning runs against a stored exhaustive study (no GPU): "
-                                      "evaluations each sampler needs to come near the best")
+    p = sub.add_parser(
+        "replay",
+        help="replay tuning runs against a stored exhaustive study (no GPU): "
+        "evaluations each sampler needs to come near the best",
+    )
     p.add_argument("--study", required=True, help="a study that holds every feasible config (a --sampler grid sweep)")
     _add_storage(p)
     p.add_argument("--space", help="the space file the study was measured with, if not search_spaces/<family>.toml")
-    p.add_argument("--samplers", default="pattern,tpe,random,grid", help="comma-separated, of: " + ", ".join(SEARCHES)
-                   + " (default %(default)s; grid replays a random order of the feasible configs)")
+    p.add_argument(
+        "--samplers",
+        default="pattern,tpe,random,grid",
+        help="comma-separated, of: "
+        + ", ".join(SEARCHES)
+        + " (default %(default)s; grid replays a random order of the feasible configs)",
+    )
     p.add_argument("--seeds", type=int, default=20, help="runs per sampler (default %(default)s)")
     p.add_argument("--budget", type=int, default=100, help="evaluations per run (default %(default)s)")
-    p.add_argument("--window", type=int, default=1,
-                   help="configs in flight at once, as with compile-ahead (default %(default)s: each result is "
-                        "known before the next proposal)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        help="configs in flight at once, as with compile-ahead (default %(default)s: each result is "
+        "known before the next proposal)",
+    )
     p.add_argument("--jobs", type=int, default=default_compile_workers(), help="parallel runs (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_replay)
@@ -228,11 +275,18 @@ def _add_replay(sub) -> None:
 
 def _add_export(sub) -> None:
     """The options of ``flashtune export``."""
-    p = sub.add_parser("export", help="write a study's best config as a C/C++ header, or a dispatch header over studies")
-    p.add_argument("--study", type=_study_name, help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')")
-    p.add_argument("--dispatch", action="store_true",
-                   help="one C++17 header that selects a config per shape (with -o, and a .json beside it for "
-                        "tuner.attention(config='auto'))")
+    p = sub.add_parser(
+        "export", help="write a study's best config as a C/C++ header, or a dispatch header over studies"
+    )
+    p.add_argument(
+        "--study", type=_study_name, help="the study; with --dispatch a glob over study names (e.g. 'sm80-*')"
+    )
+    p.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="one C++17 header that selects a config per shape (with -o, and a .json beside it for "
+        "tuner.attention(config='auto'))",
+    )
     p.add_argument("--suite", help="with --dispatch: the studies of this suite file (studies/*.toml)")
     _add_storage(p)
     p.add_argument("-o", "--output", type=_output, help="header file to write (default: standard output)")

@@ -9,16 +9,29 @@ check``) compiles a sample of a space's statically feasible configs and reports 
 
 from ._check import MAX_JOBS, CheckReport, CheckRow, all_configs, check_space
 from ._nvcc import (
-           CompiledKernel,
-           CompileError,
-           CompileOutcome,
-           cache_dir,
-           compile_config,
-           compile_outcome,
-           nvcc_options,
+    CompiledKernel,
+    CompileError,
+    CompileOutcome,
+    cache_dir,
+    compile_config,
+    compile_outcome,
+    nvcc_options,
 )
 from ._ptxas import Resources, parse_ptxas
 
-__all__ = ["MAX_JOBS", "CheckReport", "CheckRow", "CompileError", "CompileOutcome", "CompiledKernel", "Resources",
-           "all_configs", "cache_dir", "check_space", "compile_config", "compile_outcome", "nvcc_options",
-           "parse_ptxas"]
+__all__ = [
+    "MAX_JOBS",
+    "CheckReport",
+    "CheckRow",
+    "CompileError",
+    "CompileOutcome",
+    "CompiledKernel",
+    "Resources",
+    "all_configs",
+    "cache_dir",
+    "check_space",
+    "compile_config",
+    "compile_outcome",
+    "nvcc_options",
+    "parse_ptxas",
+]

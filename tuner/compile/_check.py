@@ -29,9 +29,9 @@ from ._ptxas import Resources
 __all__ = ["CheckReport", "CheckRow", "all_configs", "check_space", "static_candidates"]
 
 EXHAUSTIVE_LIMIT = 200_000  # grid points checked one by one (a few seconds); above, random draws
-DRAWS = 20_000              # distinct random points statically checked in a larger space
+DRAWS = 20_000  # distinct random points statically checked in a larger space
 MAX_JOBS = max(64, 4 * (os.cpu_count() or 1))  # more compile processes than this only thrash the machine
-AUTO_SAMPLES = 32           # configs compiled unless --samples says otherwise (about 2 s each on one core)
+AUTO_SAMPLES = 32  # configs compiled unless --samples says otherwise (about 2 s each on one core)
 
 
 @dataclass
@@ -86,8 +86,16 @@ def static_candidates(space: Space, default: Config, rng: random.Random) -> tupl
     return list(drawn.values()), False
 
 
-def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples: int | None = None, jobs: int = 1,
-                seed: int = 0, out: TextIO | None = None) -> CheckReport:
+def check_space(
+    family: str,
+    problem: Problem,
+    device: DeviceLimits,
+    *,
+    samples: int | None = None,
+    jobs: int = 1,
+    seed: int = 0,
+    out: TextIO | None = None,
+) -> CheckReport:
     """Check ``family`` for ``problem`` on ``device``'s arch; compile ``samples`` feasible configs, the
     default among them (None: ``AUTO_SAMPLES``; 0: every feasible config, refused for a space too large
     to enumerate)."""
@@ -107,8 +115,10 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
     default = space.defaults(problem.head_dim)
     candidates, exhaustive = static_candidates(space, default, rng)
     if samples == 0 and not exhaustive:
-        raise UsageError(f"{space.name} has {space.size():,} grid points, too many to compile every feasible one; "
-                         f"pass --samples N to compile N of them (sampled from {DRAWS:,} random points)")
+        raise UsageError(
+            f"{space.name} has {space.size():,} grid points, too many to compile every feasible one; "
+            f"pass --samples N to compile N of them (sampled from {DRAWS:,} random points)"
+        )
     if samples is None:
         samples = AUTO_SAMPLES
     feasible: list[Config] = []
@@ -123,20 +133,32 @@ def check_space(family: str, problem: Problem, device: DeviceLimits, *, samples:
         others = [c for c in feasible if c != default]
         chosen = rng.sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
     if out:
-        share = (f"{len(feasible)} statically feasible" if exhaustive else
-                 f"{len(feasible)} of {len(candidates):,} random points statically feasible "
-                 f"(~{len(feasible) / len(candidates):.1%} of the grid)")
+        share = (
+            f"{len(feasible)} statically feasible"
+            if exhaustive
+            else f"{len(feasible)} of {len(candidates):,} random points statically feasible "
+            f"(~{len(feasible) / len(candidates):.1%} of the grid)"
+        )
         every = "every feasible one" if len(chosen) == len(feasible) else "a sample; --samples all for every one"
-        print(f"{space.name} on sm_{space.arch_string(device.arch)} for {problem.dtype} d{problem.head_dim} "
-              f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
-              f"compiling {len(chosen)} ({every}) with {jobs} processes", file=out, flush=True)
+        print(
+            f"{space.name} on sm_{space.arch_string(device.arch)} for {problem.dtype} d{problem.head_dim} "
+            f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
+            f"compiling {len(chosen)} ({every}) with {jobs} processes",
+            file=out,
+            flush=True,
+        )
     with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(chosen))), mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
         for i, future in enumerate(cf.as_completed(futures), 1):
             config = futures[future]
             outcome = future.result()
-            row = CheckRow(config, outcome.status, outcome.reason,
-                           outcome.payload.resources if outcome.payload else None, is_default=config == default)
+            row = CheckRow(
+                config,
+                outcome.status,
+                outcome.reason,
+                outcome.payload.resources if outcome.payload else None,
+                is_default=config == default,
+            )
             report.rows.append(row)
             if out:
                 print(f"[{i}/{len(chosen)}] {_line(row)}", file=out, flush=True)
@@ -151,16 +173,28 @@ def _line(row: CheckRow) -> str:
         return f"{row.status:<13} {knobs}  {row.reason[:160]}"
     r = row.resources
     spill = f" SPILLS {r.spill_store_bytes}/{r.spill_load_bytes} B" if r.spills else ""
-    return f"{'ok':<13} {knobs}  regs {r.registers} stack {r.stack_bytes} B{spill}" + ("  (default)" if row.is_default else "")
+    return f"{'ok':<13} {knobs}  regs {r.registers} stack {r.stack_bytes} B{spill}" + (
+        "  (default)" if row.is_default else ""
+    )
 
 
 def _summary(report: CheckReport, out: TextIO) -> None:
     d = report.default
     print(f"default config: {_line(d)}", file=out)
-    print(f"{sum(r.status == Status.OK for r in report.rows)} compiled, {len(report.compile_errors)} compile errors, "
-          f"{len(report.spilling)} spilling, {sum(r.status == Status.INFEASIBLE for r in report.rows)} statically infeasible",
-          file=out)
+    print(
+        f"{sum(r.status == Status.OK for r in report.rows)} compiled, {len(report.compile_errors)} compile errors, "
+        f"{len(report.spilling)} spilling, {sum(r.status == Status.INFEASIBLE for r in report.rows)} statically infeasible",
+        file=out,
+    )
     for row in report.compile_errors[:5]:
         print(f"  compile error: {_line(row)}", file=out)
-    print("check " + ("passed" if report.ok else "FAILED: the default must compile without spills and every "
-                      "statically feasible config must compile (tighten the space's constraints)"), file=out)
+    print(
+        "check "
+        + (
+            "passed"
+            if report.ok
+            else "FAILED: the default must compile without spills and every "
+            "statically feasible config must compile (tighten the space's constraints)"
+        ),
+        file=out,
+    )

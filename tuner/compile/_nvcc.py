@@ -27,8 +27,15 @@ from ..problem import Problem
 from ..space import Config, Space, load_space
 from ._ptxas import Resources, parse_ptxas
 
-__all__ = ["CompileError", "CompileOutcome", "CompiledKernel", "cache_dir", "compile_config", "compile_outcome",
-           "nvcc_options"]
+__all__ = [
+    "CompileError",
+    "CompileOutcome",
+    "CompiledKernel",
+    "cache_dir",
+    "compile_config",
+    "compile_outcome",
+    "nvcc_options",
+]
 
 _BASE_OPTIONS = ("-O3", "-std=c++17", "-Xptxas=-v", "--use_fast_math")
 
@@ -89,8 +96,9 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def compile_config(space: Space, config: Config, problem: Problem, device: DeviceLimits, *,
-                   use_cache: bool = True) -> CompiledKernel:
+def compile_config(
+    space: Space, config: Config, problem: Problem, device: DeviceLimits, *, use_cache: bool = True
+) -> CompiledKernel:
     """Build ``config`` for ``problem`` on ``device``'s arch; raise :class:`CompileError` on failure."""
     macros = space.build_macros(config, problem, device)
     options = nvcc_options(macros)
@@ -102,8 +110,15 @@ def compile_config(space: Space, config: Config, problem: Problem, device: Devic
     cubin_path, meta_path = directory / f"{key}.cubin", directory / f"{key}.json"
     if use_cache and cubin_path.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        return CompiledKernel(cubin_path=str(cubin_path), entry=entry, arch=arch, options=options,
-                              resources=Resources(**meta["resources"]), seconds=0.0, cached=True)
+        return CompiledKernel(
+            cubin_path=str(cubin_path),
+            entry=entry,
+            arch=arch,
+            options=options,
+            resources=Resources(**meta["resources"]),
+            seconds=0.0,
+            cached=True,
+        )
 
     from cupy.cuda import compiler  # deferred: importing CuPy is slow, and `check` may run without it
 
@@ -111,15 +126,21 @@ def compile_config(space: Space, config: Config, problem: Problem, device: Devic
     log = io.StringIO()
     start = time.perf_counter()
     try:
-        cubin = compiler.compile_using_nvcc(source, options=options, arch=arch, filename="flashtune.cu",
-                                            log_stream=log)
+        cubin = compiler.compile_using_nvcc(source, options=options, arch=arch, filename="flashtune.cu", log_stream=log)
     except compiler.CompileException as e:
         raise CompileError(f"nvcc failed for {space.name} {config}: {_first_error(str(e))}", str(e)) from None
     seconds = time.perf_counter() - start
     resources = parse_ptxas(log.getvalue(), entry)
     path = _store(directory, key, cubin, {"resources": resources.to_dict(), "options": list(options), "arch": arch})
-    return CompiledKernel(cubin_path=str(path) if path else _scratch_copy(key, cubin), entry=entry, arch=arch,
-                          options=options, resources=resources, seconds=seconds, cached=False)
+    return CompiledKernel(
+        cubin_path=str(path) if path else _scratch_copy(key, cubin),
+        entry=entry,
+        arch=arch,
+        options=options,
+        resources=resources,
+        seconds=seconds,
+        cached=False,
+    )
 
 
 #: What a compile process returns: status ok with the kernel as payload, or compile_error and why.
@@ -138,7 +159,7 @@ def compile_outcome(space_path: str, config: Config, problem: Problem, device: D
         return CompileOutcome(status=Status.OK, payload=compile_config(_space(space_path), config, problem, device))
     except CompileError as e:
         return CompileOutcome(status=Status.COMPILE_ERROR, reason=str(e))
-    except Exception as e:  # noqa: BLE001 - e.g. a full disk or a ptxas report we cannot read
+    except Exception as e:
         return CompileOutcome(status=Status.COMPILE_ERROR, reason=f"{type(e).__name__}: {e}")
 
 
@@ -170,8 +191,9 @@ def _store(directory: Path, key: str, cubin: bytes, meta: dict[str, object]) -> 
             raise
         return directory / f"{key}.cubin"
     except OSError as e:
-        warnings.warn(f"flashtune: cubin cache at {directory} not written ({e.strerror}); compiling without cache",
-                      stacklevel=3)
+        warnings.warn(
+            f"flashtune: cubin cache at {directory} not written ({e.strerror}); compiling without cache", stacklevel=3
+        )
         return None
 
 

@@ -11,19 +11,36 @@ the functions that read studies.
 """
 
 from ._dispatch import (
-                        DispatchError,
-                        DispatchFamily,
-                        DispatchSelection,
-                        build_dispatch,
-                        collect_dispatch,
-                        render_dispatch,
-                        render_dispatch_json,
+    DispatchError,
+    DispatchFamily,
+    DispatchSelection,
+    build_dispatch,
+    collect_dispatch,
+    render_dispatch,
+    render_dispatch_json,
 )
 from ._header import comment_text, export_study, read_header, render_header
 from ._read_header import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
 from ._table import JSON_FORMAT, DispatchTable, TableError, table_from_json
 
-__all__ = ["JSON_FORMAT", "MAX_HEADER_BYTES", "DispatchError", "DispatchFamily", "DispatchSelection",
-           "DispatchTable", "HeaderError", "TableError", "build_dispatch", "collect_dispatch", "comment_text",
-           "decode_header", "export_study", "parse_header", "read_header", "render_dispatch", "render_dispatch_json",
-           "render_header", "table_from_json"]
+__all__ = [
+    "JSON_FORMAT",
+    "MAX_HEADER_BYTES",
+    "DispatchError",
+    "DispatchFamily",
+    "DispatchSelection",
+    "DispatchTable",
+    "HeaderError",
+    "TableError",
+    "build_dispatch",
+    "collect_dispatch",
+    "comment_text",
+    "decode_header",
+    "export_study",
+    "parse_header",
+    "read_header",
+    "render_dispatch",
+    "render_dispatch_json",
+    "render_header",
+    "table_from_json",
+]

@@ -45,8 +45,17 @@ from ._table import JSON_FORMAT, DispatchTable
 if TYPE_CHECKING:  # tuner.study imports Optuna: it is imported where a study is read, not with this package
     from ..study import ChosenConfig
 
-__all__ = ["DispatchEntry", "DispatchError", "DispatchFamily", "DispatchSelection", "build_dispatch",
-           "collect_dispatch", "export_dispatch", "render_dispatch", "render_dispatch_json"]
+__all__ = [
+    "DispatchEntry",
+    "DispatchError",
+    "DispatchFamily",
+    "DispatchSelection",
+    "build_dispatch",
+    "collect_dispatch",
+    "export_dispatch",
+    "render_dispatch",
+    "render_dispatch_json",
+]
 
 
 class DispatchError(FlashtuneError, ValueError):
@@ -75,11 +84,16 @@ class DispatchFamily:
         space = self.space
         plain = space.defaults()
         return DispatchTable(
-            family=space.name, knobs=tuple(k.name for k in space.knobs), default=plain,
-            head_dim_defaults=tuple((int(d), space.defaults(d)) for d in space.family.head_dims
-                                    if space.defaults(d) != plain),
-            entries=tuple((e.dtype, int(e.head_dim), bool(e.causal), int(e.seqlen), dict(e.chosen.config))
-                          for e in self.entries))
+            family=space.name,
+            knobs=tuple(k.name for k in space.knobs),
+            default=plain,
+            head_dim_defaults=tuple(
+                (int(d), space.defaults(d)) for d in space.family.head_dims if space.defaults(d) != plain
+            ),
+            entries=tuple(
+                (e.dtype, int(e.head_dim), bool(e.causal), int(e.seqlen), dict(e.chosen.config)) for e in self.entries
+            ),
+        )
 
 
 def build_dispatch(chosen: Sequence[ChosenConfig]) -> list[DispatchFamily]:
@@ -88,8 +102,10 @@ def build_dispatch(chosen: Sequence[ChosenConfig]) -> list[DispatchFamily]:
         raise DispatchError("no study to put in a dispatch header")
     gpus = sorted({c.gpu_name for c in chosen})
     if len(gpus) > 1:
-        raise DispatchError(f"the studies were measured on different GPUs ({', '.join(gpus)}); one dispatch header "
-                            "is for one GPU: select studies of one GPU with --study PATTERN")
+        raise DispatchError(
+            f"the studies were measured on different GPUs ({', '.join(gpus)}); one dispatch header "
+            "is for one GPU: select studies of one GPU with --study PATTERN"
+        )
     by_family: dict[str, dict[tuple[str, int, bool, int], DispatchEntry]] = {}
     spaces: dict[str, Space] = {}
     for c in chosen:
@@ -99,12 +115,16 @@ def build_dispatch(chosen: Sequence[ChosenConfig]) -> list[DispatchFamily]:
         spaces[c.family] = c.space
         if entry.key in table:
             other = table[entry.key].chosen.study_name
-            raise DispatchError(f"studies {other!r} and {c.study_name!r} both tune {c.family} {p.dtype} head_dim "
-                                f"{p.head_dim} {'causal' if p.causal else 'non-causal'} seqlen {p.seqlen_q}; "
-                                "select one of them (--study PATTERN)")
+            raise DispatchError(
+                f"studies {other!r} and {c.study_name!r} both tune {c.family} {p.dtype} head_dim "
+                f"{p.head_dim} {'causal' if p.causal else 'non-causal'} seqlen {p.seqlen_q}; "
+                "select one of them (--study PATTERN)"
+            )
         table[entry.key] = entry
-    return [DispatchFamily(space=spaces[f], entries=tuple(sorted(t.values(), key=lambda e: e.key)))
-            for f, t in sorted(by_family.items())]
+    return [
+        DispatchFamily(space=spaces[f], entries=tuple(sorted(t.values(), key=lambda e: e.key)))
+        for f, t in sorted(by_family.items())
+    ]
 
 
 def _cpp_bool(value: bool) -> str:
@@ -135,14 +155,18 @@ def _render_types(space: Space, table: DispatchTable) -> list[str]:
         "  Config config;",
         "};",
         "",
-        (f"// The family's default config (search_spaces/{space.name}.toml): the fallback for shapes no study "
-         "covered."),
+        (
+            f"// The family's default config (search_spaces/{space.name}.toml): the fallback for shapes no study "
+            "covered."
+        ),
         f"inline constexpr Config kDefault = {_config_literal(space, table.default)};",
         "",
         "// The default for a head dim: kDefault, unless the space file gives that head dim its own.",
         "constexpr Config default_config(int head_dim) noexcept {",
-        *(f"  if (head_dim == {int(d)}) return Config{_config_literal(space, config)};"
-          for d, config in table.head_dim_defaults),
+        *(
+            f"  if (head_dim == {int(d)}) return Config{_config_literal(space, config)};"
+            for d, config in table.head_dim_defaults
+        ),
         "  return kDefault;",
         "}",
     ]
@@ -158,11 +182,15 @@ def _render_entries(fam: DispatchFamily, table: DispatchTable) -> list[str]:
         c = e.chosen
         tflops = f"{c.tflops:.1f} TFLOPS" if c.tflops is not None else "? TFLOPS"
         speedup = f", {c.speedup_over_default:.2f}x default" if c.speedup_over_default is not None else ""
-        lines.append(f"    // study {comment_text(c.study_name, 120)}: {tflops}{speedup}, "
-                     f"batch {c.problem.batch} heads {c.problem.heads_q}/{c.problem.heads_kv} "
-                     f"seqlen_k {c.problem.seqlen_k}")
-        lines.append(f"    {{DType::{e.dtype}, {int(e.head_dim)}, {_cpp_bool(e.causal)}, {int(e.seqlen)}, "
-                     f"{_config_literal(fam.space, config)}}},")
+        lines.append(
+            f"    // study {comment_text(c.study_name, 120)}: {tflops}{speedup}, "
+            f"batch {c.problem.batch} heads {c.problem.heads_q}/{c.problem.heads_kv} "
+            f"seqlen_k {c.problem.seqlen_k}"
+        )
+        lines.append(
+            f"    {{DType::{e.dtype}, {int(e.head_dim)}, {_cpp_bool(e.causal)}, {int(e.seqlen)}, "
+            f"{_config_literal(fam.space, config)}}},"
+        )
     lines += [
         "};",
         "inline constexpr int kNumEntries = static_cast<int>(sizeof(kEntries) / sizeof(kEntries[0]));",
@@ -207,9 +235,15 @@ def _render_family(fam: DispatchFamily) -> list[str]:
     ]
 
 
-def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sources: str = "",
-                    not_covered: Sequence[str] = (), now: datetime | None = None,
-                    guard: str = "FLASHTUNE_DISPATCH_H") -> str:
+def render_dispatch(
+    families: Sequence[DispatchFamily],
+    *,
+    storage_url: str,
+    sources: str = "",
+    not_covered: Sequence[str] = (),
+    now: datetime | None = None,
+    guard: str = "FLASHTUNE_DISPATCH_H",
+) -> str:
     """The dispatch header text (C++17). ``sources`` says how the studies were selected."""
     from ..study import mask_url
 
@@ -256,16 +290,33 @@ def render_dispatch(families: Sequence[DispatchFamily], *, storage_url: str, sou
     return "\n".join(lines)
 
 
-def render_dispatch_json(families: Sequence[DispatchFamily], *, storage_url: str, sources: str = "",
-                         not_covered: Sequence[str] = (), now: datetime | None = None) -> str:
+def render_dispatch_json(
+    families: Sequence[DispatchFamily],
+    *,
+    storage_url: str,
+    sources: str = "",
+    not_covered: Sequence[str] = (),
+    now: datetime | None = None,
+) -> str:
     """The JSON written beside the dispatch header: the same tables, for ``config="auto"`` (:mod:`tuner.serve`)."""
     from ..study import mask_url
 
     now = now or datetime.now(UTC)
     entries = [e for f in families for e in f.entries]
-    studies = [{"family": f.space.name, "dtype": e.dtype, "head_dim": e.head_dim, "causal": e.causal,
-                "seqlen": e.seqlen, "study": e.chosen.study_name, "tflops": e.chosen.tflops,
-                "speedup_over_default": e.chosen.speedup_over_default} for f in families for e in f.entries]
+    studies = [
+        {
+            "family": f.space.name,
+            "dtype": e.dtype,
+            "head_dim": e.head_dim,
+            "causal": e.causal,
+            "seqlen": e.seqlen,
+            "study": e.chosen.study_name,
+            "tflops": e.chosen.tflops,
+            "speedup_over_default": e.chosen.speedup_over_default,
+        }
+        for f in families
+        for e in f.entries
+    ]
     document = {
         "format": JSON_FORMAT,
         "generator": f"flashtune {__version__}",
@@ -300,16 +351,19 @@ class DispatchSelection:
         return next((e.chosen.gpu_name for f in self.families for e in f.entries), "")
 
     def header(self, now: datetime | None = None) -> str:
-        return render_dispatch(self.families, storage_url=self.storage_url, sources=self.sources,
-                               not_covered=self.not_covered, now=now)
+        return render_dispatch(
+            self.families, storage_url=self.storage_url, sources=self.sources, not_covered=self.not_covered, now=now
+        )
 
     def json(self, now: datetime | None = None) -> str:
-        return render_dispatch_json(self.families, storage_url=self.storage_url, sources=self.sources,
-                                    not_covered=self.not_covered, now=now)
+        return render_dispatch_json(
+            self.families, storage_url=self.storage_url, sources=self.sources, not_covered=self.not_covered, now=now
+        )
 
 
-def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
-                     log=None) -> DispatchSelection:
+def collect_dispatch(
+    storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None, log=None
+) -> DispatchSelection:
     """The studies a glob ``pattern`` and/or a suite select, each checked through :func:`tuner.study.choose`.
 
     With a suite, its ``storage`` is used unless ``storage_url`` is given; suite problems without
@@ -338,14 +392,17 @@ def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, sui
         what = f"pattern {pattern!r}"
         if suite:
             what = f"suite {suite_path}" + (f" and {what}" if pattern else "")
-        raise DispatchError(f"no flashtune study in {mask_url(storage_url)} matches {what}; `flashtune studies` "
-                            "lists them")
+        raise DispatchError(
+            f"no flashtune study in {mask_url(storage_url)} matches {what}; `flashtune studies` lists them"
+        )
     not_covered = []
     if suite is not None:
         not_covered = [e.problem.slug() for e in suite_studies(storage, suite, pattern) if not e.studies]
         for slug in not_covered:
-            print(f"flashtune export: warning: suite problem {slug} has no study yet; the default config covers it",
-                  file=log or sys.stderr)
+            print(
+                f"flashtune export: warning: suite problem {slug} has no study yet; the default config covers it",
+                file=log or sys.stderr,
+            )
     chosen, left_out = [], []
     for name in names:  # a study still running or made for other knobs is left out, not fatal
         try:
@@ -359,12 +416,19 @@ def collect_dispatch(storage_url: str | None, *, pattern: str | None = None, sui
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"
-    return DispatchSelection(families=build_dispatch(chosen), storage_url=storage_url, sources=sources,
-                             not_covered=not_covered)
+    return DispatchSelection(
+        families=build_dispatch(chosen), storage_url=storage_url, sources=sources, not_covered=not_covered
+    )
 
 
-def export_dispatch(storage_url: str | None, *, pattern: str | None = None, suite_path: str | None = None,
-                    now: datetime | None = None, log=None) -> str:
+def export_dispatch(
+    storage_url: str | None,
+    *,
+    pattern: str | None = None,
+    suite_path: str | None = None,
+    now: datetime | None = None,
+    log=None,
+) -> str:
     """``flashtune export --dispatch``: the header over the studies a glob ``pattern`` and/or a suite select
     (:func:`collect_dispatch`)."""
     return collect_dispatch(storage_url, pattern=pattern, suite_path=suite_path, log=log).header(now)

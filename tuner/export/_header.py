@@ -46,13 +46,15 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
     from ..study import mask_url
 
     p = chosen.problem
-    shape = (f"batch {p.batch}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, heads_q {p.heads_q}, "
-             f"heads_kv {p.heads_kv}")
+    shape = f"batch {p.batch}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, heads_q {p.heads_q}, heads_kv {p.heads_kv}"
     tflops = f"{chosen.tflops:.1f}" if chosen.tflops is not None else "?"
     result = f"{tflops} TFLOPS ({'re-timed winner' if chosen.source == 'retimed' else 'best measured trial'}"
     result += f", trial {chosen.trial})" if chosen.trial is not None else ")"
-    speedup = (f"{chosen.speedup_over_default:.3f}x the default config" if chosen.speedup_over_default is not None
-               else "unknown (the default config was not measured)")
+    speedup = (
+        f"{chosen.speedup_over_default:.3f}x the default config"
+        if chosen.speedup_over_default is not None
+        else "unknown (the default config was not measured)"
+    )
     arch = chosen.space.arch_string(chosen.device.arch)
     rows = [
         ("kernel family", f"{chosen.family} (kernel_src/{chosen.space.family.source})"),
@@ -67,8 +69,10 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("launch", _launch_text(chosen)),
         ("study", chosen.study_name),
         ("storage", mask_url(storage_url)),
-        ("tuned by", f"flashtune {chosen.made_by}" + (f", re-timed {chosen.measured_on}" if chosen.measured_on
-                                                        else "")),
+        (
+            "tuned by",
+            f"flashtune {chosen.made_by}" + (f", re-timed {chosen.measured_on}" if chosen.measured_on else ""),
+        ),
         ("exported", f"{now.isoformat(timespec='seconds')} by flashtune {__version__}"),
     ]
     return [(k, comment_text(v)) for k, v in rows]
@@ -79,12 +83,15 @@ def _launch_text(chosen: ChosenConfig) -> str:
     space = chosen.space
     geometry = space.launch(chosen.config, chosen.problem, chosen.device)
     rules = ", ".join(g.text for g in space.launch_grid)
-    return (f"grid ({rules}) = {geometry.grid} for this shape on {chosen.device.num_sms} SMs; "
-            f"{geometry.threads} threads; {geometry.smem_bytes} B of dynamic shared memory")
+    return (
+        f"grid ({rules}) = {geometry.grid} for this shape on {chosen.device.num_sms} SMs; "
+        f"{geometry.threads} threads; {geometry.smem_bytes} B of dynamic shared memory"
+    )
 
 
-def render_header(chosen: ChosenConfig, *, storage_url: str, now: datetime | None = None,
-                  guard: str | None = None) -> str:
+def render_header(
+    chosen: ChosenConfig, *, storage_url: str, now: datetime | None = None, guard: str | None = None
+) -> str:
     """The header text: a comment block describing the result, then one ``#define`` per macro."""
     now = now or datetime.now(UTC)
     space = chosen.space
@@ -96,8 +103,10 @@ def render_header(chosen: ChosenConfig, *, storage_url: str, now: datetime | Non
         *(f"//   {k:<{width}}  {v}" for k, v in _describe_rows(chosen, storage_url, now)),
         "//",
         "// Build the kernel with this header in place of -D flags:",
-        (f"//   nvcc -I kernel_src -include <this header> kernel_src/{space.family.source} "
-         f"-arch=sm_{space.arch_string(chosen.device.arch)} ..."),
+        (
+            f"//   nvcc -I kernel_src -include <this header> kernel_src/{space.family.source} "
+            f"-arch=sm_{space.arch_string(chosen.device.arch)} ..."
+        ),
         f"// or #include it before kernel_src/{space.family.config_header}.",
         f"#ifndef {guard}",
         f"#define {guard}",

@@ -46,8 +46,9 @@ def decode_header(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HeaderError(f"{where} is not UTF-8 text (byte {e.start}); a config header written by "
-                          "`flashtune export` is ASCII") from None
+        raise HeaderError(
+            f"{where} is not UTF-8 text (byte {e.start}); a config header written by `flashtune export` is ASCII"
+        ) from None
 
 
 def _strip_comments(text: str, where: str) -> str:
@@ -75,7 +76,7 @@ def _strip_comments(text: str, where: str) -> str:
                 out.append(c)
                 i += 1
                 continue
-            out.append(text[i:j + 1])
+            out.append(text[i : j + 1])
             i = j + 1
         else:
             out.append(c)
@@ -91,8 +92,10 @@ def _condition(expression: str, defines: Mapping[str, str], where: str) -> bool:
     if (m := _DEFINED.fullmatch(expression)) is not None:
         found = (m.group(2) or m.group(3)) in defines
         return not found if m.group(1) else found
-    raise HeaderError(f"{where}: cannot evaluate `#if {expression[:80]}`; a config header may only use "
-                      "#if 0, #if 1, #ifdef, #ifndef and defined(NAME)")
+    raise HeaderError(
+        f"{where}: cannot evaluate `#if {expression[:80]}`; a config header may only use "
+        "#if 0, #if 1, #ifdef, #ifndef and defined(NAME)"
+    )
 
 
 def active_defines(text: str, where: str) -> dict[str, str]:
@@ -104,9 +107,11 @@ def active_defines(text: str, where: str) -> dict[str, str]:
         active = not stack or stack[-1][2]
         if not line.startswith("#"):
             if line and active:
-                raise HeaderError(f"{where} is not a config header written by `flashtune export`: line {number} is "
-                                  f"code ({line[:60]!r}), not a #define; a dispatch header is used through "
-                                  "config='auto', tuned=<the .json written beside it>")
+                raise HeaderError(
+                    f"{where} is not a config header written by `flashtune export`: line {number} is "
+                    f"code ({line[:60]!r}), not a #define; a dispatch header is used through "
+                    "config='auto', tuned=<the .json written beside it>"
+                )
             continue
         m = _DIRECTIVE.match(line)
         name, rest = (m.group(1) or ""), m.group(2).strip()
@@ -147,8 +152,10 @@ def active_defines(text: str, where: str) -> dict[str, str]:
         elif name == "error":
             raise HeaderError(f"{at}: #error {rest[:100]}")
         else:
-            raise HeaderError(f"{at}: #{name[:20]} is not something a config header written by `flashtune export` "
-                              "has; only #define, #undef and #if/#ifdef/#ifndef/#else/#endif are read")
+            raise HeaderError(
+                f"{at}: #{name[:20]} is not something a config header written by `flashtune export` "
+                "has; only #define, #undef and #if/#ifdef/#ifndef/#else/#endif are read"
+            )
     if stack:
         raise HeaderError(f"{where}: an #if/#ifdef/#ifndef is never closed by #endif")
     return defines
@@ -187,8 +194,10 @@ def parse_header(text: str, where: str, space: Space, problem: Problem | None = 
         raise HeaderError(f"{where} defines no FLASHTUNE_FAMILY: not a config header written by `flashtune export`")
     m = _FAMILY_VALUE.fullmatch(family_text)
     if m is None:
-        raise HeaderError(f"{where}: malformed family line, FLASHTUNE_FAMILY is {family_text[:40]!r}; expected a "
-                          'quoted family name such as "sm80"')
+        raise HeaderError(
+            f"{where}: malformed family line, FLASHTUNE_FAMILY is {family_text[:40]!r}; expected a "
+            'quoted family name such as "sm80"'
+        )
     if m.group(1) != space.name:
         raise HeaderError(f"{where} is a config of family {m.group(1)!r}, not {space.name!r}")
     knob_macros = {k.macro: k.name for k in space.knobs}
@@ -198,18 +207,23 @@ def parse_header(text: str, where: str, space: Space, problem: Problem | None = 
         if not name.startswith("FT_"):
             continue
         if name not in knob_macros and name not in derived_macros and name not in _PROBLEM_MACROS:
-            raise HeaderError(f"{where} defines {name}, which the {space.name} space does not know: exported for "
-                              f"another version of search_spaces/{space.name}.toml? Export it again")
+            raise HeaderError(
+                f"{where} defines {name}, which the {space.name} space does not know: exported for "
+                f"another version of search_spaces/{space.name}.toml? Export it again"
+            )
         values[name] = _integer(name, value, where)
     missing = [m for m in (*_PROBLEM_MACROS, *knob_macros) if m not in values]
     if missing:
-        raise HeaderError(f"{where} does not define {', '.join(missing)}: not a complete {space.name} config header "
-                          "written by `flashtune export`")
-    made_for = {"head_dim": values["FT_HEAD_DIM"], "is_bf16": values["FT_IS_BF16"],
-                "causal": values["FT_IS_CAUSAL"]}
+        raise HeaderError(
+            f"{where} does not define {', '.join(missing)}: not a complete {space.name} config header "
+            "written by `flashtune export`"
+        )
+    made_for = {"head_dim": values["FT_HEAD_DIM"], "is_bf16": values["FT_IS_BF16"], "causal": values["FT_IS_CAUSAL"]}
     if made_for["is_bf16"] not in (0, 1) or made_for["causal"] not in (0, 1) or made_for["head_dim"] <= 0:
-        raise HeaderError(f"{where}: FT_HEAD_DIM {made_for['head_dim']}, FT_IS_BF16 {made_for['is_bf16']}, "
-                          f"FT_IS_CAUSAL {made_for['causal']} do not describe a problem")
+        raise HeaderError(
+            f"{where}: FT_HEAD_DIM {made_for['head_dim']}, FT_IS_BF16 {made_for['is_bf16']}, "
+            f"FT_IS_CAUSAL {made_for['causal']} do not describe a problem"
+        )
     if problem is not None:
         _check_problem(made_for, problem, where)
     try:
@@ -225,8 +239,10 @@ def _describe(head_dim: int, is_bf16: int, causal: int) -> str:
 def _check_problem(made_for: Mapping[str, int], problem: Problem, where: str) -> None:
     wanted = {"head_dim": problem.head_dim, "is_bf16": int(problem.dtype == "bf16"), "causal": int(problem.causal)}
     if dict(made_for) != wanted:
-        raise HeaderError(f"{where} was exported for {_describe(**made_for)}, but this call is "
-                          f"{_describe(**wanted)}; export a header for this problem (or use config='auto')")
+        raise HeaderError(
+            f"{where} was exported for {_describe(**made_for)}, but this call is "
+            f"{_describe(**wanted)}; export a header for this problem (or use config='auto')"
+        )
 
 
 def read_header(path: str | Path, space: Space, problem: Problem | None = None) -> Config:

@@ -56,10 +56,14 @@ class DispatchTable:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "family": self.family, "knobs": list(self.knobs), "default": self.default,
+            "family": self.family,
+            "knobs": list(self.knobs),
+            "default": self.default,
             "head_dim_defaults": [{"head_dim": d, "config": c} for d, c in self.head_dim_defaults],
-            "entries": [{"dtype": d, "head_dim": h, "causal": c, "seqlen": n, "config": config}
-                        for d, h, c, n, config in self.entries],
+            "entries": [
+                {"dtype": d, "head_dim": h, "causal": c, "seqlen": n, "config": config}
+                for d, h, c, n, config in self.entries
+            ],
         }
 
 
@@ -71,8 +75,9 @@ def _int(value: Any, what: str, where: str, *, least: int = 0) -> int:
 
 def _config(value: Any, knobs: tuple[str, ...], where: str) -> Config:
     if not isinstance(value, dict) or tuple(value) != knobs:
-        raise TableError(f"{where}: a config must give the knobs {', '.join(knobs)} in that order, got "
-                         f"{str(value)[:80]}")
+        raise TableError(
+            f"{where}: a config must give the knobs {', '.join(knobs)} in that order, got {str(value)[:80]}"
+        )
     return {k: _int(v, f"knob {k}", where, least=-(1 << 62)) for k, v in value.items()}
 
 
@@ -99,11 +104,21 @@ def table_from_json(data: Any, where: str) -> DispatchTable:
             raise TableError(f"{where}: an entry needs exactly dtype, head_dim, causal, seqlen and config")
         if item["dtype"] not in DTYPES or not isinstance(item["causal"], bool):
             raise TableError(f"{where}: an entry's dtype must be one of {sorted(DTYPES)} and causal true or false")
-        entries.append((item["dtype"], _int(item["head_dim"], "head_dim", where, least=1), item["causal"],
-                        _int(item["seqlen"], "seqlen", where, least=1), _config(item["config"], knobs, where)))
+        entries.append(
+            (
+                item["dtype"],
+                _int(item["head_dim"], "head_dim", where, least=1),
+                item["causal"],
+                _int(item["seqlen"], "seqlen", where, least=1),
+                _config(item["config"], knobs, where),
+            )
+        )
     if [e[:4] for e in entries] != sorted(e[:4] for e in entries) or len({e[:4] for e in entries}) != len(entries):
         raise TableError(f"{where}: entries must be sorted by (dtype, head_dim, causal, seqlen), one per bucket")
-    return DispatchTable(family=family, knobs=knobs, default=_config(data["default"], knobs, where),
-                         head_dim_defaults=tuple(defaults), entries=tuple(entries))
-
-
+    return DispatchTable(
+        family=family,
+        knobs=knobs,
+        default=_config(data["default"], knobs, where),
+        head_dim_defaults=tuple(defaults),
+        entries=tuple(entries),
+    )

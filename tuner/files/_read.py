@@ -43,8 +43,9 @@ def read_limited(path: str, limit_bytes: int) -> tuple[os.stat_result, bytes]:
         if not stat.S_ISREG(info.st_mode):
             raise FileContentError(f"cannot read {path}: not a regular file")
         if info.st_size > limit_bytes:
-            raise FileContentError(f"cannot read {path}: {info.st_size} bytes is more than the {limit_bytes} "
-                                   "bytes such a file can have")
+            raise FileContentError(
+                f"cannot read {path}: {info.st_size} bytes is more than the {limit_bytes} bytes such a file can have"
+            )
         chunks, size = [], 0
         while size <= limit_bytes:
             chunk = os.read(fd, limit_bytes + 1 - size)

@@ -61,8 +61,11 @@ def check_output_path(path: str | Path) -> Path:
         if not target.parent.is_dir():
             raise _fail(path, f"folder {printable(path.parent, 160)} does not exist")
         if len(os.fsencode(target.name)) > _name_max(target.parent):
-            raise _fail(path, f"the file name is longer than the {_name_max(target.parent)} bytes this file "
-                        "system allows; give a shorter name")
+            raise _fail(
+                path,
+                f"the file name is longer than the {_name_max(target.parent)} bytes this file "
+                "system allows; give a shorter name",
+            )
         if not os.access(target.parent, os.W_OK | os.X_OK):
             raise _fail(path, f"folder {printable(path.parent, 160)} is not writable")
     except OSError as e:

@@ -28,8 +28,21 @@ if TYPE_CHECKING:
     from ._info import gpu_info
     from ._launch import Kernel, Launcher, LaunchError
 
-__all__ = ["TOLERANCES", "CupyHandler", "GpuHandler", "Kernel", "LaunchError", "Launcher", "MeasureJob",
-           "MeasureResult", "MeasureSettings", "Status", "gpu_info", "measure_job_for"]
+__all__ = [
+    "TOLERANCES",
+    "CupyHandler",
+    "GpuHandler",
+    "Kernel",
+    "LaunchError",
+    "Launcher",
+    "MeasureJob",
+    "MeasureResult",
+    "MeasureSettings",
+    "Status",
+    "gpu_info",
+    "measure_job_for",
+]
+
 
 def __getattr__(name: str) -> Any:
     """The launch names, imported (with CuPy) when first asked for (PEP 562)."""

@@ -52,4 +52,3 @@ def gpu_info() -> dict[str, object]:
         "cupy": cupy.__version__,
         **_clocks(device.pci_bus_id),
     }
-

@@ -88,10 +88,27 @@ class MeasureResult:
         return asdict(self)
 
 
-def measure_job_for(space: Space, config: Config, problem: Problem, device: DeviceLimits, kernel: CompiledKernel,
-                    settings: MeasureSettings, tag: str = "") -> MeasureJob:
+def measure_job_for(
+    space: Space,
+    config: Config,
+    problem: Problem,
+    device: DeviceLimits,
+    kernel: CompiledKernel,
+    settings: MeasureSettings,
+    tag: str = "",
+) -> MeasureJob:
     """The job that checks and times ``kernel`` (``config`` built for ``problem``) on ``device``."""
     geometry = space.launch(config, problem, device)
-    return MeasureJob(cubin_path=kernel.cubin_path, entry=kernel.entry, abi=space.family.abi, grid=geometry.grid,
-                      threads=geometry.threads, smem_bytes=geometry.smem_bytes, problem=problem, config=dict(config),
-                      abi_params=dict(geometry.abi), settings=settings, tag=tag)
+    return MeasureJob(
+        cubin_path=kernel.cubin_path,
+        entry=kernel.entry,
+        abi=space.family.abi,
+        grid=geometry.grid,
+        threads=geometry.threads,
+        smem_bytes=geometry.smem_bytes,
+        problem=problem,
+        config=dict(config),
+        abi_params=dict(geometry.abi),
+        settings=settings,
+        tag=tag,
+    )

@@ -38,8 +38,9 @@ class LaunchError(ValueError):
     """Arrays that do not fit a kernel's arguments (shapes, dtypes, layout)."""
 
 
-def launch_kernel(function_ptr: int, grid: tuple[int, int, int], threads: int, smem_bytes: int, stream: int,
-                  params_address: int) -> None:
+def launch_kernel(
+    function_ptr: int, grid: tuple[int, int, int], threads: int, smem_bytes: int, stream: int, params_address: int
+) -> None:
     """``cuLaunchKernel`` with an argument-pointer array (raises CuPy's CUDADriverError on failure)."""
     driver.launchKernel(function_ptr, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes, stream, params_address, 0)
 
@@ -94,8 +95,27 @@ class FlatArgs:
         self._sizes = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
-        self.buffer.pack_scalars(q[0], k[0], v[0], o[0], lse, *self._sizes, q[1], q[2], q[3], k[1], k[2], k[3],
-                                 v[1], v[2], v[3], o[1], o[2], o[3], softmax_scale)
+        self.buffer.pack_scalars(
+            q[0],
+            k[0],
+            v[0],
+            o[0],
+            lse,
+            *self._sizes,
+            q[1],
+            q[2],
+            q[3],
+            k[1],
+            k[2],
+            k[3],
+            v[1],
+            v[2],
+            v[3],
+            o[1],
+            o[2],
+            o[3],
+            softmax_scale,
+        )
 
 
 class TmaArgs:
@@ -106,10 +126,10 @@ class TmaArgs:
         rows = box_rows(params)
         q_shape = (problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim)
         kv_shape = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
-        self._slots = [TensorMapSlot(self.buffer.address + i * TMA_DESC_BYTES, dtype=problem.dtype, shape=s,
-                                     rows_box=rows[name])
-                       for i, (name, s) in enumerate((("q", q_shape), ("k", kv_shape), ("v", kv_shape),
-                                                      ("o", q_shape)))]
+        self._slots = [
+            TensorMapSlot(self.buffer.address + i * TMA_DESC_BYTES, dtype=problem.dtype, shape=s, rows_box=rows[name])
+            for i, (name, s) in enumerate((("q", q_shape), ("k", kv_shape), ("v", kv_shape), ("o", q_shape)))
+        ]
         self._sizes = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
@@ -133,8 +153,9 @@ class Launcher:
         self._geometry = (kernel.grid, kernel.threads, kernel.smem_bytes)
         self._lock = threading.Lock()
 
-    def __call__(self, stream: int, q: Operand, k: Operand, v: Operand, o: Operand, lse: int,
-                 softmax_scale: float) -> None:
+    def __call__(
+        self, stream: int, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float
+    ) -> None:
         grid, threads, smem_bytes = self._geometry
         with self._lock:  # one argument buffer: pack and launch together
             self._args.pack(q, k, v, o, lse, softmax_scale)
@@ -149,8 +170,17 @@ def _operand(x) -> Operand:
 class Kernel:
     """One loaded kernel with its launch geometry."""
 
-    def __init__(self, function, *, abi: str, grid: tuple[int, int, int], threads: int, smem_bytes: int,
-                 config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        function,
+        *,
+        abi: str,
+        grid: tuple[int, int, int],
+        threads: int,
+        smem_bytes: int,
+        config: Mapping[str, int],
+        abi_params: Mapping[str, int] | None = None,
+    ) -> None:
         if abi not in ABIS:
             raise ValueError(f"unknown kernel ABI {abi!r}; known: {', '.join(ABIS)}")
         self.function = function
@@ -176,14 +206,23 @@ class Kernel:
             raise LaunchError(f"lse must be contiguous fp32 {(batch, heads_q, seqlen_q)}, got {lse.dtype} {lse.shape}")
         for x in (q, k, v, o):
             if x.itemsize != 2 or x.strides[3] != 2:
-                raise LaunchError(f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides "
-                               f"{x.strides}")
+                raise LaunchError(
+                    f"tensors must be 16-bit with a contiguous last dimension, got {x.dtype} strides {x.strides}"
+                )
         dtype = _DTYPE_OF_STORAGE.get(q.dtype.name)
         if dtype is None:
-            raise LaunchError(f"tensors must be stored as {' or '.join(_DTYPE_OF_STORAGE)} (bf16 as its bits), got "
-                              f"{q.dtype}")
-        problem = Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
-                          head_dim=head_dim, dtype=dtype)
+            raise LaunchError(
+                f"tensors must be stored as {' or '.join(_DTYPE_OF_STORAGE)} (bf16 as its bits), got {q.dtype}"
+            )
+        problem = Problem(
+            batch=batch,
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            heads_q=heads_q,
+            heads_kv=heads_kv,
+            head_dim=head_dim,
+            dtype=dtype,
+        )
         args = ABIS[self.abi](problem, self.abi_params)
         args.pack(_operand(q), _operand(k), _operand(v), _operand(o), lse.data.ptr, float(softmax_scale))
         return args
@@ -204,7 +243,23 @@ def _module(cubin_path: str):
     return module
 
 
-def load_kernel(cubin_path: str, entry: str, *, abi: str, grid: tuple[int, int, int], threads: int,
-                smem_bytes: int, config: Mapping[str, int], abi_params: Mapping[str, int] | None = None) -> Kernel:
-    return Kernel(_module(cubin_path).get_function(entry), abi=abi, grid=tuple(grid), threads=threads,
-                  smem_bytes=smem_bytes, config=config, abi_params=abi_params)
+def load_kernel(
+    cubin_path: str,
+    entry: str,
+    *,
+    abi: str,
+    grid: tuple[int, int, int],
+    threads: int,
+    smem_bytes: int,
+    config: Mapping[str, int],
+    abi_params: Mapping[str, int] | None = None,
+) -> Kernel:
+    return Kernel(
+        _module(cubin_path).get_function(entry),
+        abi=abi,
+        grid=tuple(grid),
+        threads=threads,
+        smem_bytes=smem_bytes,
+        config=config,
+        abi_params=abi_params,
+    )

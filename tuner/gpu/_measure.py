@@ -63,9 +63,14 @@ def _warm_up(p, settings: MeasureSettings) -> None:
     """Compile the kernels CuPy needs for ``p``'s data and check, several at once: each path runs on a tiny
     problem of the same dtype, mask, head dim and head grouping in a thread of its own (NVRTC compiles
     without holding the GIL). What the tiny runs miss compiles when it is first used."""
-    tiny = dataclasses.replace(p, batch=1, heads_q=p.heads_q // p.heads_kv, heads_kv=1,
-                               seqlen_q=min(p.seqlen_q, 96), seqlen_k=min(p.seqlen_k, 80 if p.seqlen_k < p.seqlen_q
-                                                                       else 96))
+    tiny = dataclasses.replace(
+        p,
+        batch=1,
+        heads_q=p.heads_q // p.heads_kv,
+        heads_kv=1,
+        seqlen_q=min(p.seqlen_q, 96),
+        seqlen_k=min(p.seqlen_k, 80 if p.seqlen_k < p.seqlen_q else 96),
+    )
     device = cupy.cuda.Device().id
 
     def data_path() -> None:
@@ -92,8 +97,16 @@ def run_job(job: MeasureJob) -> MeasureResult:
     p, settings = job.problem, job.settings
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
-    kernel = load_kernel(job.cubin_path, job.entry, abi=job.abi, grid=job.grid, threads=job.threads,
-                         smem_bytes=job.smem_bytes, config=job.config, abi_params=job.abi_params)
+    kernel = load_kernel(
+        job.cubin_path,
+        job.entry,
+        abi=job.abi,
+        grid=job.grid,
+        threads=job.threads,
+        smem_bytes=job.smem_bytes,
+        config=job.config,
+        abi_params=job.abi_params,
+    )
     phases["load"] = ms_since(t0)
     t0 = time.perf_counter()
     data, reused = _inputs.get(p, settings.input_scale, settings.seed, fresh=settings.fresh_inputs)
@@ -120,8 +133,13 @@ def run_job(job: MeasureJob) -> MeasureResult:
             timing = time_kernel(lambda: kernel.launch(args), settings, estimate_ms=check_ms)
             kernel_ms += timing.kernel_ms
             stats = timing.stats
-            fields.update(latency_ms=stats.median_ms, spread=stats.spread, reps=stats.reps, rel_ci=stats.rel_ci,
-                          tflops=p.flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None)
+            fields.update(
+                latency_ms=stats.median_ms,
+                spread=stats.spread,
+                reps=stats.reps,
+                rel_ci=stats.rel_ci,
+                tflops=p.flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None,
+            )
             phases["timing"] = ms_since(t0)
         t0 = time.perf_counter()
         intact = data.intact()
@@ -134,8 +152,11 @@ def run_job(job: MeasureJob) -> MeasureResult:
         wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
         failure = wrote if failure is None else f"{wrote}; {failure}"
         fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
-    accounting = {"kernel_ms": kernel_ms, "job_ms": ms_since(t_job),
-                  "phases_ms": {name: round(ms, 3) for name, ms in phases.items()}}
+    accounting = {
+        "kernel_ms": kernel_ms,
+        "job_ms": ms_since(t_job),
+        "phases_ms": {name: round(ms, 3) for name, ms in phases.items()},
+    }
     if failure:
         return MeasureResult(status="wrong_result", detail=failure, **fields, **accounting)
     return MeasureResult(status="ok", **fields, **accounting)
@@ -163,9 +184,8 @@ def check_output(p, data: ProblemData, o, lse) -> tuple[str | None, float, float
     if nan_lse:
         return f"{nan_lse} of {lse.size} LSE values are unwritten or NaN", math.inf, math.inf
     dead = masked_rows(p.seqlen_q, p.seqlen_k, p.causal)
-    if dead:
-        if bool((of[:, :dead] != 0).any()) or bool((lse[:, :, :dead] != -xp.inf).any()):
-            return f"rows that see no key must give O = 0 and LSE = -inf (first {dead} rows)", math.inf, math.inf
+    if dead and (bool((of[:, :dead] != 0).any()) or bool((lse[:, :, :dead] != -xp.inf).any())):
+        return f"rows that see no key must give O = 0 and LSE = -inf (first {dead} rows)", math.inf, math.inf
     if bool(xp.isneginf(lse[:, :, dead:]).any()):
         return "LSE is -inf on a row that sees keys", math.inf, math.inf
 

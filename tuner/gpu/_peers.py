@@ -33,21 +33,41 @@ def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> lis
     dtype = getattr(torch, p.dtype_spec.torch_name)
     gen = torch.Generator(device="cuda").manual_seed(settings.seed + 1)
     # [B, N, H, D] storage viewed as [B, H, N, D], the layout flashtune kernels read
-    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
-    k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
-    v = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(
+        1, 2
+    )
+    k = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(
+        1, 2
+    )
+    v = torch.randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim, device="cuda", dtype=dtype, generator=gen).transpose(
+        1, 2
+    )
     rows: list[dict[str, object]] = []
     for backend in SDPA_BACKENDS:
         name = f"sdpa_{backend.lower()}"
         if p.causal and p.seqlen_q != p.seqlen_k:
-            rows.append({"name": name, "latency_ms": None, "tflops": None,
-                         "detail": "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k"})
+            rows.append(
+                {
+                    "name": name,
+                    "latency_ms": None,
+                    "tflops": None,
+                    "detail": "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k",
+                }
+            )
             continue
         try:
             with sdpa_kernel(getattr(SDPBackend, backend)):
+
                 def run() -> None:
-                    sdpa(q, k, v, is_causal=p.causal, scale=1.0 / math.sqrt(p.head_dim),
-                         enable_gqa=p.heads_q != p.heads_kv)
+                    sdpa(
+                        q,
+                        k,
+                        v,
+                        is_causal=p.causal,
+                        scale=1.0 / math.sqrt(p.head_dim),
+                        enable_gqa=p.heads_q != p.heads_kv,
+                    )
+
                 run()
                 torch.cuda.synchronize()
                 stats = time_kernel(run, settings).stats
@@ -64,5 +84,10 @@ def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> lis
 
 def _row(stats: TimingStats, flops: float) -> dict[str, object]:
     tflops = flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None
-    return {"latency_ms": stats.median_ms, "tflops": tflops, "spread": stats.spread, "rel_ci": stats.rel_ci,
-            "reps": stats.reps}
+    return {
+        "latency_ms": stats.median_ms,
+        "tflops": tflops,
+        "spread": stats.spread,
+        "rel_ci": stats.rel_ci,
+        "reps": stats.reps,
+    }

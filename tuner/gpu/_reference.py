@@ -43,8 +43,9 @@ def reference_head(q, k, v, softmax_scale: float, causal: bool, *, rows=None, ch
         p = xp.exp(s - safe_m)
         l = p.sum(axis=1, keepdims=True)
         out[r0:r1] = xp.where(l > 0, (p @ vf) / xp.where(l > 0, l, xp.float32(1.0)), xp.float32(0.0))
-        lse[r0:r1] = xp.where(l[:, 0] > 0, safe_m[:, 0] + xp.log(xp.where(l[:, 0] > 0, l[:, 0], xp.float32(1.0))),
-                              xp.float32(-xp.inf))
+        lse[r0:r1] = xp.where(
+            l[:, 0] > 0, safe_m[:, 0] + xp.log(xp.where(l[:, 0] > 0, l[:, 0], xp.float32(1.0))), xp.float32(-xp.inf)
+        )
     return out, lse
 
 

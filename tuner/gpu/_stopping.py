@@ -87,12 +87,14 @@ def timing_stats(samples_ms: Sequence[float], confidence: float = CONFIDENCE) ->
     if rank is not None:
         low, high = float(x[rank - 1]), float(x[n - rank])
         rel = (high - low) / 2 / scale
-    return TimingStats(median_ms=median, spread=float(q3 - q1) / scale, rel_ci=rel, ci_low_ms=low, ci_high_ms=high,
-                       reps=n)
+    return TimingStats(
+        median_ms=median, spread=float(q3 - q1) / scale, rel_ci=rel, ci_low_ms=low, ci_high_ms=high, reps=n
+    )
 
 
-def next_batch(samples_ms: Sequence[float], *, spent_ms: float, min_reps: int, max_reps: int, budget_ms: float,
-               rel_ci: float) -> int:
+def next_batch(
+    samples_ms: Sequence[float], *, spent_ms: float, min_reps: int, max_reps: int, budget_ms: float, rel_ci: float
+) -> int:
     """Launches to queue next (0: stop) after ``samples_ms`` took ``spent_ms`` of wall time.
 
     Never stop below ``min_reps`` samples; stop at ``max_reps``, when the median is known to

@@ -50,7 +50,11 @@ def random_inputs(problem, seed: int, *, scale: float = 1.0):
     generator: its kernels come compiled, where ``cupy.random.default_rng`` compiles its own on first use."""
     rng = cupy.random.RandomState(seed)
     p = problem
-    shapes = ((p.batch, p.seqlen_q, p.heads_q, p.head_dim), (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
-              (p.batch, p.seqlen_k, p.heads_kv, p.head_dim))
-    return tuple(from_float32(rng.standard_normal(s, dtype=cupy.float32) * cupy.float32(scale), p.dtype)
-                 for s in shapes)
+    shapes = (
+        (p.batch, p.seqlen_q, p.heads_q, p.head_dim),
+        (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
+        (p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
+    )
+    return tuple(
+        from_float32(rng.standard_normal(s, dtype=cupy.float32) * cupy.float32(scale), p.dtype) for s in shapes
+    )

@@ -90,8 +90,16 @@ def time_kernel(launch: Callable[[], object], settings: MeasureSettings, *, esti
         warm += more
     samples: list[float] = []
     t0 = time.perf_counter()
-    while (n := next_batch(samples, spent_ms=ms_since(t0), min_reps=settings.min_reps, max_reps=settings.max_reps,
-                           budget_ms=settings.target_ms, rel_ci=settings.rel_ci)) > 0:
+    while (
+        n := next_batch(
+            samples,
+            spent_ms=ms_since(t0),
+            min_reps=settings.min_reps,
+            max_reps=settings.max_reps,
+            budget_ms=settings.target_ms,
+            rel_ci=settings.rel_ci,
+        )
+    ) > 0:
         batch = timed_batch(launch, n, flush)
         samples += batch
         kernel_ms += sum(batch)

@@ -52,11 +52,17 @@ class TmaError(RuntimeError):
 def box_rows(params: Mapping[str, int]) -> dict[str, int]:
     """Rows of the TMA box of each tensor: the [launch.abi] values of search_spaces/sm90.toml."""
     try:
-        return {"q": int(params["q_box_rows"]), "k": int(params["kv_box_rows"]), "v": int(params["kv_box_rows"]),
-                "o": int(params["o_box_rows"])}
+        return {
+            "q": int(params["q_box_rows"]),
+            "k": int(params["kv_box_rows"]),
+            "v": int(params["kv_box_rows"]),
+            "o": int(params["o_box_rows"]),
+        }
     except KeyError as e:
-        raise TmaError(f"the space's [launch.abi] gives no {e.args[0]}; the sm90_tma ABI needs q_box_rows, "
-                       "kv_box_rows and o_box_rows") from None
+        raise TmaError(
+            f"the space's [launch.abi] gives no {e.args[0]}; the sm90_tma ABI needs q_box_rows, "
+            "kv_box_rows and o_box_rows"
+        ) from None
 
 
 @functools.cache
@@ -108,19 +114,32 @@ class TensorMapSlot:
             self._view.raw = known
             return
         if ptr % 16 or any(s % 16 or not 0 < s < _MAX_STRIDE_BYTES for s in (row_stride, head_stride, batch_stride)):
-            raise TmaError(f"a tensor map needs a 16-byte aligned base and strides that are positive multiples of 16 "
-                           f"below 2^40 bytes; got base % 16 = {ptr % 16}, strides (batch, row, head) "
-                           f"{(batch_stride, row_stride, head_stride)} B")
+            raise TmaError(
+                f"a tensor map needs a 16-byte aligned base and strides that are positive multiples of 16 "
+                f"below 2^40 bytes; got base % 16 = {ptr % 16}, strides (batch, row, head) "
+                f"{(batch_stride, row_stride, head_stride)} B"
+            )
         strides = self._strides
         strides[0], strides[1], strides[2] = row_stride, head_stride, batch_stride
-        result = self._encode(self.address, self._dtype, 4, ptr, ctypes.addressof(self._dims),
-                              ctypes.addressof(strides), ctypes.addressof(self._box),
-                              ctypes.addressof(self._element_strides), CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        result = self._encode(
+            self.address,
+            self._dtype,
+            4,
+            ptr,
+            ctypes.addressof(self._dims),
+            ctypes.addressof(strides),
+            ctypes.addressof(self._box),
+            ctypes.addressof(self._element_strides),
+            CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
         if result != 0:
-            raise TmaError(f"cuTensorMapEncodeTiled failed with CUresult {result} (shape {self.shape}, strides "
-                           f"(batch, row, head) {(batch_stride, row_stride, head_stride)} B, box rows {self.rows_box})")
+            raise TmaError(
+                f"cuTensorMapEncodeTiled failed with CUresult {result} (shape {self.shape}, strides "
+                f"(batch, row, head) {(batch_stride, row_stride, head_stride)} B, box rows {self.rows_box})"
+            )
         if len(self._remembered) >= _REMEMBERED:
             self._remembered.clear()
         self._remembered[key] = self._view.raw

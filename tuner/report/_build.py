@@ -19,8 +19,13 @@ from ._suite import get_suite_info
 __all__ = ["ReportError", "build_report", "render_report"]
 
 
-def render_report(*, studies: Sequence[optuna.Study] = (), storage_url: str, suite: Suite | None = None,
-                  suite_entries: Sequence[tuple[Problem, Sequence[optuna.Study]]] = ()) -> str:
+def render_report(
+    *,
+    studies: Sequence[optuna.Study] = (),
+    storage_url: str,
+    suite: Suite | None = None,
+    suite_entries: Sequence[tuple[Problem, Sequence[optuna.Study]]] = (),
+) -> str:
     """The HTML of a report: the suite comparison page first (when ``suite`` is given), then each study."""
     sections: list[Section] = []
     if suite is not None:
@@ -40,8 +45,9 @@ class ReportError(FlashtuneError, ValueError):
     """Nothing to report on (no study or suite given)."""
 
 
-def build_report(storage_url: str | None, *, study: str | None = None,
-                 suite_path: str | None = None) -> tuple[str, str]:
+def build_report(
+    storage_url: str | None, *, study: str | None = None, suite_path: str | None = None
+) -> tuple[str, str]:
     """``flashtune report``: (the HTML, a file stem for it). With a suite, its storage is used unless one is given."""
     if not study and not suite_path:
         raise ReportError("say what to report on: --study NAME and/or --suite FILE")
@@ -51,15 +57,19 @@ def build_report(storage_url: str | None, *, study: str | None = None,
     studies = [load_flashtune_study(storage, study, url)] if study else []
     for s in studies:
         if not s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            raise ReportError(f"study {printable(s.study_name, 120)!r} has no successful trial yet: nothing to "
-                              "report; run `flashtune tune` until a config measures")
+            raise ReportError(
+                f"study {printable(s.study_name, 120)!r} has no successful trial yet: nothing to "
+                "report; run `flashtune tune` until a config measures"
+            )
     entries: list[tuple[Problem, list[optuna.Study]]] = []
     if suite is not None:
         for entry in suite_studies(storage, suite):
             entries.append((entry.problem, [load_flashtune_study(storage, n, url) for n in entry.studies]))
         if not studies and not any(ss for _, ss in entries):
-            raise ReportError(f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}: nothing to report; "
-                              "`flashtune tune --suite` makes them")
+            raise ReportError(
+                f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}: nothing to report; "
+                "`flashtune tune --suite` makes them"
+            )
     text = render_report(studies=studies, storage_url=url, suite=suite, suite_entries=entries)
     stem = study if study else suite.name  # type: ignore[union-attr]
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._")[:120].strip("._")

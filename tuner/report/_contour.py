@@ -27,7 +27,8 @@ def get_contour_info(data: StudyData, ranking: Sequence[str] = ()) -> ContourInf
     rows = [r for r in data.complete if all(k in r.params for k in data.knobs)]
     varying = [k for k in data.knobs if len({r.params[k] for r in rows}) > 1]
     order = [k for k in ranking if k in varying] + sorted(
-        (k for k in varying if k not in ranking), key=lambda k: -len({r.params[k] for r in rows}))
+        (k for k in varying if k not in ranking), key=lambda k: -len({r.params[k] for r in rows})
+    )
     if not order:
         return ContourInfo(None, None, [], [], [], [], [])
     x = order[0]
@@ -50,18 +51,44 @@ def plot_contour(info: ContourInfo) -> go.Figure | None:
     if info.x_knob is None:
         return None
     if info.y_knob is None:
-        fig = go.Figure(go.Scatter(x=[p[0] for p in info.points], y=[p[1] for p in info.points], mode="markers",
-                                   hovertemplate=f"{info.x_knob}=%{{x}}: %{{y:.1f}} TFLOPS<extra></extra>"))
-        fig.update_layout(title=f"TFLOPS against {info.x_knob}", xaxis_title=info.x_knob, yaxis_title="TFLOPS",
-                          xaxis={"type": "category"}, height=420)
+        fig = go.Figure(
+            go.Scatter(
+                x=[p[0] for p in info.points],
+                y=[p[1] for p in info.points],
+                mode="markers",
+                hovertemplate=f"{info.x_knob}=%{{x}}: %{{y:.1f}} TFLOPS<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            title=f"TFLOPS against {info.x_knob}",
+            xaxis_title=info.x_knob,
+            yaxis_title="TFLOPS",
+            xaxis={"type": "category"},
+            height=420,
+        )
         return fig
-    text = [[f"{v:.1f}<br>n={n}" if v is not None else "" for v, n in zip(row, nrow)]
-            for row, nrow in zip(info.best, info.counts)]
-    fig = go.Figure(go.Heatmap(
-        x=[str(v) for v in info.x_values], y=[str(v) for v in info.y_values], z=info.best, text=text,
-        texttemplate="%{text}", colorscale="Viridis", colorbar={"title": {"text": "best TFLOPS"}},
-        hovertemplate=f"{info.x_knob}=%{{x}}, {info.y_knob}=%{{y}}: %{{z:.1f}} TFLOPS<extra></extra>"))
-    fig.update_layout(title=f"Best TFLOPS over the two most important knobs: {info.x_knob} x {info.y_knob}",
-                      xaxis_title=info.x_knob, yaxis_title=info.y_knob, xaxis={"type": "category"},
-                      yaxis={"type": "category"}, height=460)
+    text = [
+        [f"{v:.1f}<br>n={n}" if v is not None else "" for v, n in zip(row, nrow)]
+        for row, nrow in zip(info.best, info.counts)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            x=[str(v) for v in info.x_values],
+            y=[str(v) for v in info.y_values],
+            z=info.best,
+            text=text,
+            texttemplate="%{text}",
+            colorscale="Viridis",
+            colorbar={"title": {"text": "best TFLOPS"}},
+            hovertemplate=f"{info.x_knob}=%{{x}}, {info.y_knob}=%{{y}}: %{{z:.1f}} TFLOPS<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Best TFLOPS over the two most important knobs: {info.x_knob} x {info.y_knob}",
+        xaxis_title=info.x_knob,
+        yaxis_title=info.y_knob,
+        xaxis={"type": "category"},
+        yaxis={"type": "category"},
+        height=460,
+    )
     return fig

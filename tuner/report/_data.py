@@ -98,8 +98,10 @@ def _space_for(meta: st.StudyMeta) -> tuple[Space | None, str | None]:
     try:
         return meta.space(), None
     except st.StaleSpaceError:
-        return None, (f"the knobs of {meta.family} changed since this study was made; knobs are read from the "
-                      "trials and derived values (dynamic shared memory) are not shown")
+        return None, (
+            f"the knobs of {meta.family} changed since this study was made; knobs are read from the "
+            "trials and derived values (dynamic shared memory) are not shown"
+        )
     except st.StudyError as e:
         return None, f"the {meta.family} space cannot be used here ({e}); knobs are read from the trials"
 
@@ -121,8 +123,9 @@ def _context(study: optuna.Study, notes: list[str]) -> _Context:
         meta: st.StudyMeta | None = st.StudyMeta.read(study)
     except st.StudyError as e:
         notes.append(f"the study's attributes cannot be read ({e}); knobs are read from the trials")
-        return _Context(meta=None, family=printable(study.user_attrs.get(st.FAMILY, "?"), 64), gpu_name="?",
-                        space=None, device=None)
+        return _Context(
+            meta=None, family=printable(study.user_attrs.get(st.FAMILY, "?"), 64), gpu_name="?", space=None, device=None
+        )
     try:
         device: DeviceLimits | None = meta.device()
     except st.StudyError:
@@ -130,16 +133,21 @@ def _context(study: optuna.Study, notes: list[str]) -> _Context:
     space, note = _space_for(meta)
     if note:
         notes.append(note)
-    return _Context(meta=meta, family=meta.family, gpu_name=str(dict(meta.gpu).get("name", "?")), space=space,
-                    device=device)
+    return _Context(
+        meta=meta, family=meta.family, gpu_name=str(dict(meta.gpu).get("name", "?")), space=space, device=device
+    )
 
 
-def _knobs(space: Space | None, trials: list[optuna.trial.FrozenTrial]
-           ) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], dict[str, str]]:
+def _knobs(
+    space: Space | None, trials: list[optuna.trial.FrozenTrial]
+) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]], dict[str, str]]:
     """(knob names, allowed values, help) from the space file, or the names and values the trials hold."""
     if space is not None:
-        return (tuple(k.name for k in space.knobs), {k.name: k.values for k in space.knobs},
-                {k.name: k.help for k in space.knobs})
+        return (
+            tuple(k.name for k in space.knobs),
+            {k.name: k.values for k in space.knobs},
+            {k.name: k.help for k in space.knobs},
+        )
     seen: dict[str, set[int]] = {}
     for t in trials:
         for name, value in t.params.items():
@@ -148,8 +156,9 @@ def _knobs(space: Space | None, trials: list[optuna.trial.FrozenTrial]
     return tuple(seen), {k: tuple(sorted(v)) for k, v in seen.items()}, {}
 
 
-def _launch_smem(t: optuna.trial.FrozenTrial, space: Space | None, problem: Problem | None,
-                 device: DeviceLimits | None) -> int | None:
+def _launch_smem(
+    t: optuna.trial.FrozenTrial, space: Space | None, problem: Problem | None, device: DeviceLimits | None
+) -> int | None:
     """The trial's dynamic shared memory, when today's space can compute it for the study's problem and device."""
     if space is None or problem is None or device is None or not t.params:
         return None
@@ -166,15 +175,18 @@ def _row(t: optuna.trial.FrozenTrial, smem_bytes: int | None) -> TrialRow:
     spills = [_int(resources.get(k)) for k in ("spill_store_bytes", "spill_load_bytes")]
     duplicate = t.user_attrs.get(st.DUPLICATE_OF)
     return TrialRow(
-        number=t.number, state=t.state.name,
+        number=t.number,
+        state=t.state.name,
         status=printable(t.user_attrs[st.STATUS], 40) if st.STATUS in t.user_attrs else None,
         reason=str(t.user_attrs[st.REASON]) if st.REASON in t.user_attrs else None,
         params={k: int(v) for k, v in t.params.items() if _int(v) is not None},
         tflops=_number(t.value) if t.state == TrialState.COMPLETE else None,
-        latency_ms=_number(measurement.get("latency_ms")), spread=_number(measurement.get("spread")),
+        latency_ms=_number(measurement.get("latency_ms")),
+        spread=_number(measurement.get("spread")),
         registers=_int(resources.get("registers")),
         spill_bytes=sum(s for s in spills if s is not None) if any(s is not None for s in spills) else None,
-        static_smem_bytes=_int(resources.get("static_smem_bytes")), smem_bytes=smem_bytes,
+        static_smem_bytes=_int(resources.get("static_smem_bytes")),
+        smem_bytes=smem_bytes,
         is_default=bool(t.user_attrs.get(st.IS_DEFAULT)),
         duplicate_of=_int(duplicate) if duplicate is not None else None,
     )
@@ -190,9 +202,11 @@ def _retimed_winner(study: optuna.Study, meta: st.StudyMeta | None, notes: list[
     except (TypeError, ValueError):
         resolved = None
     if resolved is None or resolved.get("source") != "retimed":  # stale: best/export serve another trial
-        notes.append(f"the re-timed winner (trial {winner.get('trial')}) is stale: trial "
-                     f"{resolved.get('trial') if resolved else '?'} measured faster after it was re-timed; "
-                     "`flashtune best` and `export` serve that trial until the study is re-timed")
+        notes.append(
+            f"the re-timed winner (trial {winner.get('trial')}) is stale: trial "
+            f"{resolved.get('trial') if resolved else '?'} measured faster after it was re-timed; "
+            "`flashtune best` and `export` serve that trial until the study is re-timed"
+        )
         return None
     return winner
 
@@ -206,8 +220,22 @@ def study_data(study: optuna.Study) -> StudyData:
     knobs, knob_values, knob_help = _knobs(context.space, trials)
     rows = tuple(_row(t, _launch_smem(t, context.space, problem, context.device)) for t in trials)
     winner = _retimed_winner(study, context.meta, notes)
-    runs = {k[len(st.THROUGHPUT_PREFIX):]: v for k, v in study.user_attrs.items()
-            if k.startswith(st.THROUGHPUT_PREFIX) and isinstance(v, dict)}
-    return StudyData(name=study.study_name, family=context.family, problem=problem, gpu_name=context.gpu_name,
-                     knobs=knobs, knob_values=knob_values, knob_help=knob_help, rows=rows, winner=winner,
-                     space=context.space, notes=tuple(notes), runs=runs)
+    runs = {
+        k[len(st.THROUGHPUT_PREFIX) :]: v
+        for k, v in study.user_attrs.items()
+        if k.startswith(st.THROUGHPUT_PREFIX) and isinstance(v, dict)
+    }
+    return StudyData(
+        name=study.study_name,
+        family=context.family,
+        problem=problem,
+        gpu_name=context.gpu_name,
+        knobs=knobs,
+        knob_values=knob_values,
+        knob_help=knob_help,
+        rows=rows,
+        winner=winner,
+        space=context.space,
+        notes=tuple(notes),
+        runs=runs,
+    )

@@ -31,7 +31,8 @@ class ImportanceInfo(NamedTuple):
 
 def _evaluators() -> tuple[dict[str, optuna.importance.BaseImportanceEvaluator], list[str]]:
     evaluators: dict[str, optuna.importance.BaseImportanceEvaluator] = {
-        "PED-ANOVA": optuna.importance.PedAnovaImportanceEvaluator()}
+        "PED-ANOVA": optuna.importance.PedAnovaImportanceEvaluator()
+    }
     notes = []
     try:
         import sklearn  # noqa: F401
@@ -54,17 +55,23 @@ def get_importance_info(data: StudyData) -> ImportanceInfo:
     if constant:
         notes.append(f"never varied, left out: {', '.join(constant)}")
     if not varying:
-        return ImportanceInfo({}, len(rows), notes + ["no knob varied among the complete trials"])
-    dists = {k: CategoricalDistribution(list(data.knob_values.get(k) or sorted({r.params[k] for r in rows})))
-             for k in varying}
+        return ImportanceInfo({}, len(rows), [*notes, "no knob varied among the complete trials"])
+    dists = {
+        k: CategoricalDistribution(list(data.knob_values.get(k) or sorted({r.params[k] for r in rows})))
+        for k in varying
+    }
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created in memory" line
     try:
         scratch = optuna.create_study(direction="maximize")
     finally:
         optuna.logging.set_verbosity(verbosity)
-    scratch.add_trials([optuna.trial.create_trial(value=r.tflops, params={k: r.params[k] for k in varying},
-                                                  distributions=dists) for r in rows])
+    scratch.add_trials(
+        [
+            optuna.trial.create_trial(value=r.tflops, params={k: r.params[k] for k in varying}, distributions=dists)
+            for r in rows
+        ]
+    )
     evaluators, more_notes = _evaluators()
     notes += more_notes
     importances: dict[str, dict[str, float]] = {}
@@ -86,9 +93,20 @@ def plot_importance(info: ImportanceInfo) -> go.Figure | None:
     order = info.ranking()[::-1]  # horizontal bars: most important on top
     fig = go.Figure()
     for name, values in info.importances.items():
-        fig.add_trace(go.Bar(name=name, x=[values.get(k, 0.0) for k in order], y=order, orientation="h",
-                             hovertemplate="%{y}: %{x:.3f}<extra>" + name + "</extra>"))
-    fig.update_layout(title=f"Knob importance for TFLOPS ({info.n_trials} complete trials)", barmode="group",
-                      xaxis_title="importance (normalized)", height=max(300, 60 + 40 * len(order)),
-                      margin={"l": 140})
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=[values.get(k, 0.0) for k in order],
+                y=order,
+                orientation="h",
+                hovertemplate="%{y}: %{x:.3f}<extra>" + name + "</extra>",
+            )
+        )
+    fig.update_layout(
+        title=f"Knob importance for TFLOPS ({info.n_trials} complete trials)",
+        barmode="group",
+        xaxis_title="importance (normalized)",
+        height=max(300, 60 + 40 * len(order)),
+        margin={"l": 140},
+    )
     return fig

@@ -47,8 +47,9 @@ class Section(NamedTuple):
 def _figure(fig: go.Figure | None, div_id: str, empty: str) -> str:
     if fig is None:
         return f'<p class="ft-note">{html.escape(empty)}</p>'
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
+    return fig.to_html(
+        full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False, "responsive": True}
+    )
 
 
 def _notes(notes: Sequence[str]) -> str:
@@ -70,11 +71,19 @@ def _summary(data: StudyData, storage_url: str) -> str:
     ]
     if isinstance(winner.get("tflops"), (int, float)):
         speedup = winner.get("speedup_over_default")
-        rows.append(("re-timed winner", f"{winner['tflops']:.1f} TFLOPS, trial {winner.get('trial')}"
-                     + (f", {speedup:.3f}x the default" if isinstance(speedup, (int, float)) else "")))
+        rows.append(
+            (
+                "re-timed winner",
+                f"{winner['tflops']:.1f} TFLOPS, trial {winner.get('trial')}"
+                + (f", {speedup:.3f}x the default" if isinstance(speedup, (int, float)) else ""),
+            )
+        )
     rows.append(("storage", mask_url(storage_url)))
-    return ('<table class="ft-summary">' + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                                                  for k, v in rows) + "</table>")
+    return (
+        '<table class="ft-summary">'
+        + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
 
 
 def study_sections(data: StudyData, storage_url: str, *, prefix: str = "study") -> list[Section]:
@@ -82,15 +91,20 @@ def study_sections(data: StudyData, storage_url: str, *, prefix: str = "study") 
     importance = get_importance_info(data)
     outcomes = get_outcomes_info(data)
     bodies = {
-        "importance": _figure(plot_importance(importance), f"{prefix}-importance-plot",
-                              "no importance to show") + _notes(importance.notes),
+        "importance": _figure(plot_importance(importance), f"{prefix}-importance-plot", "no importance to show")
+        + _notes(importance.notes),
         "history": _figure(plot_history(get_history_info(data)), f"{prefix}-history-plot", "no measured trial yet"),
-        "parallel": _figure(plot_parallel(get_parallel_info(data)), f"{prefix}-parallel-plot",
-                            "no measured trial yet"),
-        "contour": _figure(plot_contour(get_contour_info(data, importance.ranking())), f"{prefix}-contour-plot",
-                           "needs measured trials in which a knob varied"),
-        "resources": _figure(plot_resources(get_resources_info(data)), f"{prefix}-resources-plot",
-                             "no measured trial with a ptxas report"),
+        "parallel": _figure(plot_parallel(get_parallel_info(data)), f"{prefix}-parallel-plot", "no measured trial yet"),
+        "contour": _figure(
+            plot_contour(get_contour_info(data, importance.ranking())),
+            f"{prefix}-contour-plot",
+            "needs measured trials in which a knob varied",
+        ),
+        "resources": _figure(
+            plot_resources(get_resources_info(data)),
+            f"{prefix}-resources-plot",
+            "no measured trial with a ptxas report",
+        ),
         "top-configs": render_top_configs(get_top_configs_info(data)) or '<p class="ft-note">no measured trial yet</p>',
         "outcomes": _figure(plot_outcomes(outcomes), f"{prefix}-outcomes-plot", "no trial yet")
         + (render_reasons(outcomes) or ""),

@@ -64,10 +64,24 @@ def get_suite_info(name: str, space: Space, entries: Sequence[tuple[Problem, Seq
             except StudyError as e:
                 columns.append(SuiteColumn(col_label, problem, study.study_name, None, None, None, str(e)))
                 continue
-            columns.append(SuiteColumn(col_label, problem, study.study_name, dict(chosen.config), chosen.tflops,
-                                       chosen.speedup_over_default, ""))
-    return SuiteInfo(name=name, family=space.name, knobs=[k.name for k in space.knobs],
-                     knob_values={k.name: k.values for k in space.knobs}, columns=columns)
+            columns.append(
+                SuiteColumn(
+                    col_label,
+                    problem,
+                    study.study_name,
+                    dict(chosen.config),
+                    chosen.tflops,
+                    chosen.speedup_over_default,
+                    "",
+                )
+            )
+    return SuiteInfo(
+        name=name,
+        family=space.name,
+        knobs=[k.name for k in space.knobs],
+        knob_values={k.name: k.values for k in space.knobs},
+        columns=columns,
+    )
 
 
 def plot_suite(info: SuiteInfo) -> go.Figure | None:
@@ -76,20 +90,49 @@ def plot_suite(info: SuiteInfo) -> go.Figure | None:
     labels = [c.label for c in info.columns]
     z = [[info.position(k, c.config.get(k) if c.config else None) for c in info.columns] for k in info.knobs]
     text = [[str(c.config[k]) if c.config and k in c.config else "" for c in info.columns] for k in info.knobs]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.7, 0.3],
-                        subplot_titles=("winning value of each knob (colour: low to high among its values)",
-                                        "TFLOPS of the winner"))
-    fig.add_trace(go.Heatmap(x=labels, y=info.knobs, z=z, text=text, texttemplate="%{text}", zmin=0, zmax=1,
-                             colorscale="Cividis", showscale=False, hoverongaps=False,
-                             hovertemplate="%{x}<br>%{y} = %{text}<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=labels, y=[c.tflops for c in info.columns], showlegend=False,
-                         text=[f"{c.speedup_over_default:.2f}x" if c.speedup_over_default else ""
-                               for c in info.columns],
-                         hovertemplate="%{x}: %{y:.1f} TFLOPS (%{text} the default)<extra></extra>"), row=2, col=1)
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        row_heights=[0.7, 0.3],
+        subplot_titles=("winning value of each knob (colour: low to high among its values)", "TFLOPS of the winner"),
+    )
+    fig.add_trace(
+        go.Heatmap(
+            x=labels,
+            y=info.knobs,
+            z=z,
+            text=text,
+            texttemplate="%{text}",
+            zmin=0,
+            zmax=1,
+            colorscale="Cividis",
+            showscale=False,
+            hoverongaps=False,
+            hovertemplate="%{x}<br>%{y} = %{text}<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=[c.tflops for c in info.columns],
+            showlegend=False,
+            text=[f"{c.speedup_over_default:.2f}x" if c.speedup_over_default else "" for c in info.columns],
+            hovertemplate="%{x}: %{y:.1f} TFLOPS (%{text} the default)<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     fig.update_yaxes(title_text="TFLOPS", row=2, col=1)
-    fig.update_layout(title=f"Suite {info.name}: winning {info.family} configs across shapes",
-                      height=max(520, 260 + 38 * len(info.knobs)), margin={"b": 160})
+    fig.update_layout(
+        title=f"Suite {info.name}: winning {info.family} configs across shapes",
+        height=max(520, 260 + 38 * len(info.knobs)),
+        margin={"b": 160},
+    )
     return fig
 
 
@@ -99,8 +142,18 @@ def render_suite_table(info: SuiteInfo) -> str | None:
     head = ["shape", "study", "TFLOPS", "vs default", "note"]
     rows = []
     for c in info.columns:
-        cells = [c.label, c.study or "-", f"{c.tflops:.1f}" if c.tflops is not None else "-",
-                 f"{c.speedup_over_default:.3f}x" if c.speedup_over_default is not None else "-", c.note]
+        cells = [
+            c.label,
+            c.study or "-",
+            f"{c.tflops:.1f}" if c.tflops is not None else "-",
+            f"{c.speedup_over_default:.3f}x" if c.speedup_over_default is not None else "-",
+            c.note,
+        ]
         rows.append("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>")
-    return ('<table class="ft-table"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
+    return (
+        '<table class="ft-table"><thead><tr>'
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )

@@ -40,26 +40,65 @@ def get_throughput_info(data: StudyData) -> ThroughputInfo:
         evaluated = int(_float(stats, "evaluated"))
         gpus = max(1, int(_float(stats, "gpus")))  # runs stored before several GPUs shared a loop: one
         kernel, measuring = _float(stats, "kernel_s"), _float(stats, "measure_s")
-        rows.append(ThroughputRow(run=run, evaluated=evaluated, gpus=gpus, wall_s=wall,
-                                  configs_per_s=evaluated / wall if wall > 0 else 0.0,
-                                  gpu_busy=kernel / (wall * gpus) if wall > 0 else 0.0,
-                                  gpu_busy_measuring=kernel / measuring if measuring > 0 else 0.0,
-                                  measure_s=measuring / gpus, compile_wait_s=_float(stats, "compile_wait_s") / gpus,
-                                  search_s=_float(stats, "search_s"), storage_s=_float(stats, "storage_s")))
+        rows.append(
+            ThroughputRow(
+                run=run,
+                evaluated=evaluated,
+                gpus=gpus,
+                wall_s=wall,
+                configs_per_s=evaluated / wall if wall > 0 else 0.0,
+                gpu_busy=kernel / (wall * gpus) if wall > 0 else 0.0,
+                gpu_busy_measuring=kernel / measuring if measuring > 0 else 0.0,
+                measure_s=measuring / gpus,
+                compile_wait_s=_float(stats, "compile_wait_s") / gpus,
+                search_s=_float(stats, "search_s"),
+                storage_s=_float(stats, "storage_s"),
+            )
+        )
     return ThroughputInfo(rows=rows)
 
 
 def render_throughput(info: ThroughputInfo) -> str | None:
     if not info.rows:
         return None
-    head = ("run (host:process:start)", "GPUs", "evaluated", "wall s", "configs/s", "GPU busy",
-            "GPU busy while measuring", "measuring s per GPU", "waiting for compiles s per GPU", "search s",
-            "storage s")
+    head = (
+        "run (host:process:start)",
+        "GPUs",
+        "evaluated",
+        "wall s",
+        "configs/s",
+        "GPU busy",
+        "GPU busy while measuring",
+        "measuring s per GPU",
+        "waiting for compiles s per GPU",
+        "search s",
+        "storage s",
+    )
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            r.run, r.gpus, r.evaluated, f"{r.wall_s:.0f}", f"{r.configs_per_s:.2f}", f"{100 * r.gpu_busy:.0f}%",
-            f"{100 * r.gpu_busy_measuring:.0f}%", f"{r.measure_s:.0f}", f"{r.compile_wait_s:.0f}", f"{r.search_s:.0f}",
-            f"{r.storage_s:.0f}")) + "</tr>"
-        for r in info.rows)
-    return ('<table class="ft-table"><tr>' + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-            + body + "</table>")
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(c))}</td>"
+            for c in (
+                r.run,
+                r.gpus,
+                r.evaluated,
+                f"{r.wall_s:.0f}",
+                f"{r.configs_per_s:.2f}",
+                f"{100 * r.gpu_busy:.0f}%",
+                f"{100 * r.gpu_busy_measuring:.0f}%",
+                f"{r.measure_s:.0f}",
+                f"{r.compile_wait_s:.0f}",
+                f"{r.search_s:.0f}",
+                f"{r.storage_s:.0f}",
+            )
+        )
+        + "</tr>"
+        for r in info.rows
+    )
+    return (
+        '<table class="ft-table"><tr>'
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + body
+        + "</table>"
+    )

@@ -54,12 +54,22 @@ def get_top_configs_info(data: StudyData, top: int = 10) -> TopConfigsInfo:
     if default_row is not None and default_row not in listed:
         listed = [*listed, default_row]
     for i, r in enumerate(listed):
-        rows.append(TopConfigRow(
-            rank=i + 1 if i < ranked else None, trial=r.number, tflops=r.tflops,  # type: ignore[arg-type]
-            retimed_tflops=retimed.get(r.number), spread=r.spread, registers=r.registers, spill_bytes=r.spill_bytes,
-            smem_bytes=r.smem_bytes if r.smem_bytes is not None else r.static_smem_bytes,
-            speedup_over_default=(r.tflops / default) if default and r.tflops else None,
-            is_default=r.is_default, is_winner=r.number == winner_trial, config=dict(r.params)))
+        rows.append(
+            TopConfigRow(
+                rank=i + 1 if i < ranked else None,
+                trial=r.number,
+                tflops=r.tflops,  # type: ignore[arg-type]
+                retimed_tflops=retimed.get(r.number),
+                spread=r.spread,
+                registers=r.registers,
+                spill_bytes=r.spill_bytes,
+                smem_bytes=r.smem_bytes if r.smem_bytes is not None else r.static_smem_bytes,
+                speedup_over_default=(r.tflops / default) if default and r.tflops else None,
+                is_default=r.is_default,
+                is_winner=r.number == winner_trial,
+                config=dict(r.params),
+            )
+        )
     return TopConfigsInfo(knobs=list(data.knobs), rows=rows, default_tflops=default)
 
 
@@ -73,11 +83,12 @@ def render_top_configs(info: TopConfigsInfo) -> str | None:
     """An HTML table (no script needed)."""
     if not info.rows:
         return None
-    head = ["#", "trial", "TFLOPS", "re-timed", "spread", "regs", "spills (B)", "smem (B)", "vs default",
-            *info.knobs]
-    out = ['<div class="ft-scroll"><table class="ft-table"><thead><tr>'
-           + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-           + "</tr></thead><tbody>"]
+    head = ["#", "trial", "TFLOPS", "re-timed", "spread", "regs", "spills (B)", "smem (B)", "vs default", *info.knobs]
+    out = [
+        '<div class="ft-scroll"><table class="ft-table"><thead><tr>'
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+    ]
     for r in info.rows:
         tags = []
         if r.is_winner:
@@ -85,11 +96,18 @@ def render_top_configs(info: TopConfigsInfo) -> str | None:
         if r.is_default:
             tags.append("default")
         label = (str(r.rank) if r.rank is not None else "") + (f" ({', '.join(tags)})" if tags else "")
-        cells = [label, str(r.trial), _fmt(r.tflops, ".1f"), _fmt(r.retimed_tflops, ".1f"),
-                 _fmt(None if r.spread is None else 100 * r.spread, ".1f") + ("%" if r.spread is not None else ""),
-                 _fmt(r.registers), _fmt(r.spill_bytes), _fmt(r.smem_bytes),
-                 _fmt(r.speedup_over_default, ".3f") + ("x" if r.speedup_over_default is not None else ""),
-                 *(_fmt(r.config.get(k)) for k in info.knobs)]
+        cells = [
+            label,
+            str(r.trial),
+            _fmt(r.tflops, ".1f"),
+            _fmt(r.retimed_tflops, ".1f"),
+            _fmt(None if r.spread is None else 100 * r.spread, ".1f") + ("%" if r.spread is not None else ""),
+            _fmt(r.registers),
+            _fmt(r.spill_bytes),
+            _fmt(r.smem_bytes),
+            _fmt(r.speedup_over_default, ".3f") + ("x" if r.speedup_over_default is not None else ""),
+            *(_fmt(r.config.get(k)) for k in info.knobs),
+        ]
         cls = ' class="ft-default"' if r.is_default else (' class="ft-winner"' if r.is_winner else "")
         out.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     out.append("</tbody></table></div>")

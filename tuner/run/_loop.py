@@ -143,18 +143,24 @@ class RunStats:
         return self.kernel_s / self.measure_s if self.measure_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "configs_per_s": round(self.configs_per_s, 3), "gpu_busy": round(self.gpu_busy, 3),
-                "gpu_busy_measuring": round(self.gpu_busy_measuring, 3)}
+        return {
+            **asdict(self),
+            "configs_per_s": round(self.configs_per_s, 3),
+            "gpu_busy": round(self.gpu_busy, 3),
+            "gpu_busy_measuring": round(self.gpu_busy_measuring, 3),
+        }
 
     def line(self) -> str:
         per_gpu = 1 / max(1, self.gpus)
-        return (f"{self.evaluated} configs in {self.wall_s:.0f} s = {self.configs_per_s:.2f}/s on {self.gpus} "
-                f"GPU{'s' if self.gpus > 1 else ''}, GPU busy {100 * self.gpu_busy:.0f}% "
-                f"({100 * self.gpu_busy_measuring:.0f}% while measuring); per GPU: measuring "
-                f"{self.measure_s * per_gpu:.0f} s, waiting for compiles {self.compile_wait_s * per_gpu:.0f} s "
-                f"(preparing {self.prepare_s * per_gpu:.0f} s); "
-                f"the loop: search {self.search_s:.0f} s, storage {self.storage_s:.0f} s; storing results "
-                f"beside: {self.store_s:.0f} s")
+        return (
+            f"{self.evaluated} configs in {self.wall_s:.0f} s = {self.configs_per_s:.2f}/s on {self.gpus} "
+            f"GPU{'s' if self.gpus > 1 else ''}, GPU busy {100 * self.gpu_busy:.0f}% "
+            f"({100 * self.gpu_busy_measuring:.0f}% while measuring); per GPU: measuring "
+            f"{self.measure_s * per_gpu:.0f} s, waiting for compiles {self.compile_wait_s * per_gpu:.0f} s "
+            f"(preparing {self.prepare_s * per_gpu:.0f} s); "
+            f"the loop: search {self.search_s:.0f} s, storage {self.storage_s:.0f} s; storing results "
+            f"beside: {self.store_s:.0f} s"
+        )
 
 
 @dataclass
@@ -185,10 +191,14 @@ class _Held:
     def keys(self) -> set[str]:
         return {config_key(p.config) for p in (*self.compiling, *self.measuring)}
 
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys()
+
     def for_cleanup(self) -> list[tuple[TrialRef, Config | None, bool]]:
         """(trial, config, enqueue again): config None with True means the trial's enqueued config."""
-        held: list[tuple[TrialRef, Config | None, bool]] = [(p.trial, p.config, True)
-                                                            for p in (*self.measuring, *self.compiling)]
+        held: list[tuple[TrialRef, Config | None, bool]] = [
+            (p.trial, p.config, True) for p in (*self.measuring, *self.compiling)
+        ]
         held += [(t, None, False) for ts in self.duplicates.values() for t in ts]  # their config is in flight
         if self.in_hand is not None:  # an enqueued config (the default, say) is known before it is drawn
             held.append((self.in_hand, None, True))
@@ -259,31 +269,48 @@ class TuneLoop:
     ``seed``: the loop's own random draws (exploration), default ``settings.measure.seed``; the same seeds
     (this and the search's) give the same run."""
 
-    def __init__(self, study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
-                 measure: Measure | Sequence[Measure], settings: TuneSettings, *, search: Search,
-                 compiler: Compile = compile_outcome, progress: Callable[[dict[str, Any]], None] | None = None,
-                 pool: cf.Executor | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: Space,
+        problem: Problem,
+        device: DeviceLimits,
+        measure: Measure | Sequence[Measure],
+        settings: TuneSettings,
+        *,
+        search: Search,
+        compiler: Compile = compile_outcome,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        pool: cf.Executor | None = None,
+        seed: int | None = None,
+    ) -> None:
         self.study, self.space, self.problem, self.device = study, space, problem, device
         self.settings, self.compiler, self.progress = settings, compiler, progress
         measures = [measure] if isinstance(measure, Measure) else list(measure)
         if not measures:
             raise ValueError("the tuning loop needs a GPU to measure on")
         inline = settings.compile_workers == 0
-        self.lanes = [GpuLane(m, index=i, inline=inline, problem=problem, settings=settings.measure)
-                      for i, m in enumerate(measures)]
+        self.lanes = [
+            GpuLane(m, index=i, inline=inline, problem=problem, settings=settings.measure)
+            for i, m in enumerate(measures)
+        ]
         self.window = settings.window(len(self.lanes))
         self.search = search
         self.dists = distributions(space)
         self.summary = TuneSummary()
-        self.stats = RunStats(started=datetime.now().isoformat(timespec="seconds"), gpus=len(self.lanes),
-                              measured_per_gpu=[0] * len(self.lanes))
+        self.stats = RunStats(
+            started=datetime.now().isoformat(timespec="seconds"),
+            gpus=len(self.lanes),
+            measured_per_gpu=[0] * len(self.lanes),
+        )
         self.state = _StudyState()
         self.held = _Held()
         self.heartbeat = Heartbeat(st.study_storage(study))
         # processes on one study explore apart through their seeds (tuner.run: salted per host and GPU)
         self.rng = random.Random(f"explore-{settings.measure.seed if seed is None else seed}")
-        self.storage_call = functools.partial(retrying, attempts=settings.storage_retries,
-                                              first_delay_s=settings.storage_retry_delay_s)
+        self.storage_call = functools.partial(
+            retrying, attempts=settings.storage_retries, first_delay_s=settings.storage_retry_delay_s
+        )
         self.start = time.monotonic()
         self.deadline = self.start + settings.timeout_s if settings.timeout_s is not None else None
         self.storer = Storer()
@@ -400,8 +427,10 @@ class TuneLoop:
             self._nothing_to_propose = True
             return False
         owner = {OWNER: this_process()} if self.heartbeat.enabled else {}
-        trial = self._timed_storage(lambda: create_running_trial(self.study, config, self.dists, user_attrs=attrs,
-                                                                 system_attrs=owner), "storing a new trial")
+        trial = self._timed_storage(
+            lambda: create_running_trial(self.study, config, self.dists, user_attrs=attrs, system_attrs=owner),
+            "storing a new trial",
+        )
         self.state.mine.add(trial.trial_id)
         self.heartbeat.hold(trial.trial_id, recorded=True)
         self._submit(trial, config)
@@ -443,7 +472,7 @@ class TuneLoop:
             self.heartbeat.release(trial_id)
             return
         key = config_key(config)
-        if key in self.held.keys():
+        if key in self.held:
             self.held.duplicates.setdefault(key, []).append(ref)
             self.summary.duplicates += 1
             self.held.in_hand = None
@@ -452,8 +481,15 @@ class TuneLoop:
             finish_duplicate(self.study, ref, self.state.seen[key], self.storage_call, self.dists)
             self.summary.duplicates += 1
         elif (reason := self.space.check(config, self.problem, self.device)) is not None:
-            self.state.seen[key] = finish(self.study, ref, self.storage_call, config=config, dists=self.dists,
-                                          status=Status.INFEASIBLE, reason=reason)
+            self.state.seen[key] = finish(
+                self.study,
+                ref,
+                self.storage_call,
+                config=config,
+                dists=self.dists,
+                status=Status.INFEASIBLE,
+                reason=reason,
+            )
             self.summary.infeasible += 1
             self._report("infeasible")
         else:
@@ -477,8 +513,9 @@ class TuneLoop:
     def _next_compiled(self) -> _Pending | None:
         """The earliest drawn config whose compile finished (or is overdue), if any."""
         now = time.monotonic()
-        ready = [p for p in self.held.compiling
-                 if p.future.done() or now - p.submitted >= self.settings.compile_timeout_s]
+        ready = [
+            p for p in self.held.compiling if p.future.done() or now - p.submitted >= self.settings.compile_timeout_s
+        ]
         return min(ready, key=lambda p: p.submitted) if ready else None
 
     def _start_measuring(self) -> int:
@@ -503,8 +540,9 @@ class TuneLoop:
         """A compiled config's outcome: ok with its measurement job (and its compile figures as attributes),
         or why there is none (the compile failed, its process died, or it is overdue)."""
         if not item.future.done():
-            return Outcome(status=Status.COMPILE_TIMEOUT,
-                           reason=f"compile took over {self.settings.compile_timeout_s:.0f} s")
+            return Outcome(
+                status=Status.COMPILE_TIMEOUT, reason=f"compile took over {self.settings.compile_timeout_s:.0f} s"
+            )
         try:
             compiled: Outcome[CompiledKernel] = item.future.result()
         except cf.process.BrokenProcessPool as e:
@@ -516,8 +554,15 @@ class TuneLoop:
             st.RESOURCES: kernel.resources.to_dict(),
             st.COMPILE: {"seconds": round(kernel.seconds, 3), "cached": kernel.cached, "arch": kernel.arch},
         }
-        job = measure_job_for(self.space, item.config, self.problem, self.device, kernel, self.settings.measure,
-                              tag=f"trial-{item.trial.number}")
+        job = measure_job_for(
+            self.space,
+            item.config,
+            self.problem,
+            self.device,
+            kernel,
+            self.settings.measure,
+            tag=f"trial-{item.trial.number}",
+        )
         return Outcome(status=Status.OK, payload=job, attrs=item.attrs)
 
     def _wait(self) -> None:
@@ -565,8 +610,9 @@ class TuneLoop:
         self.storer.submit(functools.partial(self._store, item.trial, item.config, outcome, duplicates, frozen))
         self._report("trial")
 
-    def _store(self, trial: TrialRef, config: Config, outcome: Outcome[Any], duplicates: list[TrialRef],
-               frozen: FrozenTrial) -> None:
+    def _store(
+        self, trial: TrialRef, config: Config, outcome: Outcome[Any], duplicates: list[TrialRef], frozen: FrozenTrial
+    ) -> None:
         """On the storing thread: the trial's outcome, then the enqueued duplicates of its config; each trial's
         heartbeat stops once it is stored."""
         t0 = time.monotonic()
@@ -589,29 +635,42 @@ class TuneLoop:
         s = self.stats
         s.wall_s = time.monotonic() - self.start
         s.evaluated = self.summary.evaluated
-        s.prepare_s = sum(lane.prepared.result() for lane in self.lanes
-                          if lane.prepared.done() and lane.prepared.exception() is None)
-        s.search_asks, s.search_infeasible, s.search_repeats = (self.search.stats.asks, self.search.stats.infeasible,
-                                                                self.search.stats.repeats)
+        s.prepare_s = sum(
+            lane.prepared.result() for lane in self.lanes if lane.prepared.done() and lane.prepared.exception() is None
+        )
+        s.search_asks, s.search_infeasible, s.search_repeats = (
+            self.search.stats.asks,
+            self.search.stats.infeasible,
+            self.search.stats.repeats,
+        )
         self.summary.stats = s
         self.summary.best_tflops = self.state.best
         if s.evaluated:  # the study keeps every run's figures (the report shows them)
             run_id = f"{socket.gethostname()}:{os.getpid()}:{s.started}"
             with contextlib.suppress(Exception):  # figures are nice to have; never fail a finished run for them
-                self.storage_call(lambda: self.study.set_user_attr(f"{st.THROUGHPUT_PREFIX}{run_id}", s.to_dict()),
-                                  what="storing the run's throughput")
+                self.storage_call(
+                    lambda: self.study.set_user_attr(f"{st.THROUGHPUT_PREFIX}{run_id}", s.to_dict()),
+                    what="storing the run's throughput",
+                )
 
     def _report(self, event: str) -> None:
         self.summary.best_tflops = self.state.best
         if self.progress:
             wall = time.monotonic() - self.start
-            self.progress({"event": event, "evaluated": self.state.evaluated, "target": self.settings.n_trials,
-                           "best_tflops": self.state.best, "compiling": len(self.held.compiling),
-                           "infeasible": self.summary.infeasible + self.search.stats.infeasible,
-                           "failed": self.summary.failed,
-                           "configs_per_s": self.summary.evaluated / wall if wall > 0 else 0.0,
-                           "gpu_busy": self.stats.kernel_s / (wall * len(self.lanes)) if wall > 0 else 0.0,
-                           "compile_wait_s": self.stats.compile_wait_s})
+            self.progress(
+                {
+                    "event": event,
+                    "evaluated": self.state.evaluated,
+                    "target": self.settings.n_trials,
+                    "best_tflops": self.state.best,
+                    "compiling": len(self.held.compiling),
+                    "infeasible": self.summary.infeasible + self.search.stats.infeasible,
+                    "failed": self.summary.failed,
+                    "configs_per_s": self.summary.evaluated / wall if wall > 0 else 0.0,
+                    "gpu_busy": self.stats.kernel_s / (wall * len(self.lanes)) if wall > 0 else 0.0,
+                    "compile_wait_s": self.stats.compile_wait_s,
+                }
+            )
 
     # -- stop --------------------------------------------------------------------------------------
     def _stop(self) -> None:
@@ -633,15 +692,36 @@ class TuneLoop:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def tune(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
-         measure: Measure | Sequence[Measure], settings: TuneSettings, *, search: Search,
-         compiler: Compile = compile_outcome, progress: Callable[[dict[str, Any]], None] | None = None,
-         pool: cf.Executor | None = None, seed: int | None = None) -> TuneSummary:
+def tune(
+    study: optuna.Study,
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    measure: Measure | Sequence[Measure],
+    settings: TuneSettings,
+    *,
+    search: Search,
+    compiler: Compile = compile_outcome,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    pool: cf.Executor | None = None,
+    seed: int | None = None,
+) -> TuneSummary:
     """Run trials until the study holds ``settings.n_trials`` evaluated trials, time is up, or the space is
     exhausted (see :class:`TuneLoop`). ``measure``: one per GPU; ``search``: what proposes the configs;
     ``pool``: a compile pool (default: one of the loop's own); ``seed``: the loop's own random draws."""
-    return TuneLoop(study, space, problem, device, measure, settings, search=search, compiler=compiler,
-                    progress=progress, pool=pool, seed=seed).run()
+    return TuneLoop(
+        study,
+        space,
+        problem,
+        device,
+        measure,
+        settings,
+        search=search,
+        compiler=compiler,
+        progress=progress,
+        pool=pool,
+        seed=seed,
+    ).run()
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -668,8 +748,9 @@ def _ctrl_c_deferred():
         raise KeyboardInterrupt
 
 
-def _unseen_feasible(space: Space, problem: Problem, device: DeviceLimits, taken: set[str],
-                     rng: random.Random, tries: int = 10_000) -> Config | None:
+def _unseen_feasible(
+    space: Space, problem: Problem, device: DeviceLimits, taken: set[str], rng: random.Random, tries: int = 10_000
+) -> Config | None:
     """A random statically feasible config not evaluated yet, or None when none turns up.
 
     ``tries`` covers sparse spaces: at sm90 d256 about 0.08% of the grid is feasible, so 10,000

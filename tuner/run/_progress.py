@@ -33,10 +33,15 @@ class Progress:
             filled = int(20 * min(done, target) / target)
             bar = "[" + "#" * filled + "." * (20 - filled) + "] "
         best = state.get("best_tflops")
-        line = self.prefix + (f"{bar}{done}/{target or '∞'} trials  best {best:.1f} TFLOPS" if best is not None
-                else f"{bar}{done}/{target or '∞'} trials  best -")
-        line += (f"  compiling {state.get('compiling', 0)}  infeasible {state.get('infeasible', 0)}"
-                 f"  failed {state.get('failed', 0)}")
+        line = self.prefix + (
+            f"{bar}{done}/{target or '∞'} trials  best {best:.1f} TFLOPS"
+            if best is not None
+            else f"{bar}{done}/{target or '∞'} trials  best -"
+        )
+        line += (
+            f"  compiling {state.get('compiling', 0)}  infeasible {state.get('infeasible', 0)}"
+            f"  failed {state.get('failed', 0)}"
+        )
         if "configs_per_s" in state:
             line += f"  {state['configs_per_s']:.2f} configs/s  GPU busy {100 * state.get('gpu_busy', 0.0):.0f}%"
         line += f"  {now - self.start:.0f}s"

@@ -73,16 +73,20 @@ class Oracle:
         """What the study measured for ``config`` (None: it failed)."""
         key = config_key(config)
         if key not in self.results:
-            raise ReplayError(f"study {self.study_name!r} never measured config {config}: replay needs a study "
-                              "that holds every feasible config (flashtune tune --sampler grid --trials 100000)")
+            raise ReplayError(
+                f"study {self.study_name!r} never measured config {config}: replay needs a study "
+                "that holds every feasible config (flashtune tune --sampler grid --trials 100000)"
+            )
         return self.results[key]
 
     def describe(self) -> str:
         """One line: what the oracle is, its best and the default's share of it."""
         feasible = sum(1 for v in self.results.values() if v is not None)
         default = self.results.get(config_key(self.space.defaults(self.problem.head_dim)))
-        return (f"replay of {self.study_name}: {self.problem.slug()}, {feasible} measured configs, best "
-                f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else ""))
+        return (
+            f"replay of {self.study_name}: {self.problem.slug()}, {feasible} measured configs, best "
+            f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else "")
+        )
 
     def measure(self, job: MeasureJob) -> MeasureResult:
         tflops = self.tflops(job.config)
@@ -105,8 +109,10 @@ def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_pat
     except SpaceError as e:
         raise ReplayError(f"{e}; give the space file the study was measured with (--space FILE)") from None
     if attrs.get(st.SPACE_DIGEST) != st.space_digest(space):
-        raise ReplayError(f"study {study_name!r} was measured on other knobs than {space.path}: give the space file "
-                          "it was measured with (--space FILE)")
+        raise ReplayError(
+            f"study {study_name!r} was measured on other knobs than {space.path}: give the space file "
+            "it was measured with (--space FILE)"
+        )
     results: dict[str, float | None] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         if not t.params or st.DUPLICATE_OF in t.user_attrs or Status.of(t) is Status.INFEASIBLE:
@@ -114,8 +120,13 @@ def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_pat
         results.setdefault(config_key(t.params), t.value if t.state == TrialState.COMPLETE else None)
     if not any(v is not None for v in results.values()):
         raise ReplayError(f"study {study_name!r} holds no successful trial")
-    return Oracle(study_name=study_name, space=space, problem=st.study_problem(study),
-                  device=DeviceLimits.from_info(attrs[st.GPU]), results=results)
+    return Oracle(
+        study_name=study_name,
+        space=space,
+        problem=st.study_problem(study),
+        device=DeviceLimits.from_info(attrs[st.GPU]),
+        results=results,
+    )
 
 
 @dataclass
@@ -143,10 +154,16 @@ class ReplayRun:
         return max(seen) if seen else None
 
 
-def _stand_in_compile(space_path: str, config: dict[str, int], problem: Problem, device: DeviceLimits) -> CompileOutcome:
+def _stand_in_compile(
+    space_path: str, config: dict[str, int], problem: Problem, device: DeviceLimits
+) -> CompileOutcome:
     resources = Resources(registers=0, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0, static_smem_bytes=0)
-    return CompileOutcome(status=Status.OK, payload=CompiledKernel(cubin_path="", entry="", arch="", options=(),
-                                                                   resources=resources, seconds=0.0, cached=True))
+    return CompileOutcome(
+        status=Status.OK,
+        payload=CompiledKernel(
+            cubin_path="", entry="", arch="", options=(), resources=resources, seconds=0.0, cached=True
+        ),
+    )
 
 
 def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int = 1) -> ReplayRun:
@@ -154,31 +171,64 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
     configs are in flight at once, as with a real run's compile-ahead (its proposals are made before the
     results of the others are known); 1: each result is known before the next proposal."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = st.open_study(storage=optuna.storages.InMemoryStorage(), name="replay", space=oracle.space,
-                          problem=oracle.problem, gpu={"name": oracle.device.name or "replay"},
-                          sampler=optuna.samplers.RandomSampler(seed=seed))
+    study = st.open_study(
+        storage=optuna.storages.InMemoryStorage(),
+        name="replay",
+        space=oracle.space,
+        problem=oracle.problem,
+        gpu={"name": oracle.device.name or "replay"},
+        sampler=optuna.samplers.RandomSampler(seed=seed),
+    )
     search = make_search(sampler, oracle.space, oracle.problem, oracle.device, seed)
-    settings = TuneSettings(n_trials=budget, compile_workers=0, compile_ahead=window,
-                            measure=MeasureSettings(seed=seed))
-    loop = TuneLoop(study, oracle.space, oracle.problem, oracle.device, MeasureFunction(oracle.measure), settings,
-                    search=search, compiler=_stand_in_compile, seed=seed)
+    settings = TuneSettings(
+        n_trials=budget, compile_workers=0, compile_ahead=window, measure=MeasureSettings(seed=seed)
+    )
+    loop = TuneLoop(
+        study,
+        oracle.space,
+        oracle.problem,
+        oracle.device,
+        MeasureFunction(oracle.measure),
+        settings,
+        search=search,
+        compiler=_stand_in_compile,
+        seed=seed,
+    )
     summary = loop.run()
-    evaluated = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-                 if st.is_evaluated(t)]
+    evaluated = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        if st.is_evaluated(t)
+    ]
     evaluated.sort(key=lambda t: t.datetime_complete)  # the order the loop measured them in
-    return ReplayRun(sampler=sampler, seed=seed, values=[t.value for t in evaluated], best=oracle.best,
-                     asks=search.stats.asks,
-                     repeats=search.stats.repeats, infeasible=search.stats.infeasible,
-                     explorations=summary.explorations)
+    return ReplayRun(
+        sampler=sampler,
+        seed=seed,
+        values=[t.value for t in evaluated],
+        best=oracle.best,
+        asks=search.stats.asks,
+        repeats=search.stats.repeats,
+        infeasible=search.stats.infeasible,
+        explorations=summary.explorations,
+    )
 
 
-def _replay_task(oracle: Oracle | Callable[[int], Oracle], sampler: str, seed: int, budget: int,
-                 window: int) -> ReplayRun:
+def _replay_task(
+    oracle: Oracle | Callable[[int], Oracle], sampler: str, seed: int, budget: int, window: int
+) -> ReplayRun:
     return replay_one(oracle if isinstance(oracle, Oracle) else oracle(seed), sampler, seed, budget, window)
 
 
-def replay(oracle: Oracle | Callable[[int], Oracle], samplers: Sequence[str], seeds: Sequence[int], budget: int, *,
-           window: int = 1, jobs: int = 1, progress=None) -> list[ReplayRun]:
+def replay(
+    oracle: Oracle | Callable[[int], Oracle],
+    samplers: Sequence[str],
+    seeds: Sequence[int],
+    budget: int,
+    *,
+    window: int = 1,
+    jobs: int = 1,
+    progress=None,
+) -> list[ReplayRun]:
     """Every (sampler, seed) run, in ``jobs`` processes. ``oracle``: one oracle, or a function of the seed
     that makes each run's own (a synthetic landscape per seed; picklable when ``jobs`` > 1)."""
     first = oracle if isinstance(oracle, Oracle) else oracle(seeds[0])
@@ -219,8 +269,11 @@ def summarize(oracle: Oracle | None, runs: Sequence[ReplayRun]) -> list[dict[str
         for threshold in THRESHOLDS:
             counts = [r.evaluations_to(_best(oracle, r) * (1 - threshold)) for r in mine]
             finite = [float(c) if c is not None else math.inf for c in counts]
-            row[f"to_{threshold:.0%}"] = {"median": statistics.median(finite), "p90": _percentile(finite, 0.9),
-                                          "never": sum(c is None for c in counts)}
+            row[f"to_{threshold:.0%}"] = {
+                "median": statistics.median(finite),
+                "p90": _percentile(finite, 0.9),
+                "never": sum(c is None for c in counts),
+            }
         for n in CHECKPOINTS:
             bests = [(r.best_after(n) or 0.0) / _best(oracle, r) for r in mine]
             row[f"best_at_{n}"] = statistics.median(bests)
@@ -240,31 +293,41 @@ def _best(oracle: Oracle | None, run: ReplayRun) -> float:
 
 def format_table(oracle: Oracle | None, rows: Sequence[dict[str, Any]], budget: int, *, title: str = "") -> str:
     """The summary as text; the first line describes ``oracle`` (or is ``title``)."""
-    lines = [f"{title or oracle.describe()}; budget {budget} evaluations",
-             "evaluations to come within 1% / 2% / 5% of the best: median, 90th percentile (runs that never did)",
-             f"{'sampler':<8} {'runs':>4}  {'within 1%':>17}  {'within 2%':>17}  {'within 5%':>17}  "
-             f"{'best@25':>7} {'best@50':>7} {'best@100':>8}  {'repeats/new':>11}"]
+    lines = [
+        f"{title or oracle.describe()}; budget {budget} evaluations",
+        "evaluations to come within 1% / 2% / 5% of the best: median, 90th percentile (runs that never did)",
+        f"{'sampler':<8} {'runs':>4}  {'within 1%':>17}  {'within 2%':>17}  {'within 5%':>17}  "
+        f"{'best@25':>7} {'best@50':>7} {'best@100':>8}  {'repeats/new':>11}",
+    ]
 
     def cell(d: dict[str, float]) -> str:
         def num(x: float) -> str:
             return "inf" if math.isinf(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+
         return f"{num(d['median']):>5} {num(d['p90']):>5} ({d['never']:>2})"
 
     for row in rows:
-        lines.append(f"{row['sampler']:<8} {row['runs']:>4}  {cell(row['to_1%']):>17}  {cell(row['to_2%']):>17}  "
-                     f"{cell(row['to_5%']):>17}  {row['best_at_25']:>7.3f} {row['best_at_50']:>7.3f} "
-                     f"{row['best_at_100']:>8.3f}  {row['repeats_per_new']:>11.2f}")
+        lines.append(
+            f"{row['sampler']:<8} {row['runs']:>4}  {cell(row['to_1%']):>17}  {cell(row['to_2%']):>17}  "
+            f"{cell(row['to_5%']):>17}  {row['best_at_25']:>7.3f} {row['best_at_50']:>7.3f} "
+            f"{row['best_at_100']:>8.3f}  {row['repeats_per_new']:>11.2f}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def format_markdown(rows: Sequence[dict[str, Any]], *, label: str = "") -> str:
     """The summary as Markdown table rows (BENCHMARKS.md): ``label`` first, then per sampler evaluations to
     1% / 2% / 5% (median / p90, runs that never got there), best-so-far at 25 / 50 / 100, repeats per new."""
+
     def cell(d: dict[str, float]) -> str:
         def num(x: float) -> str:
             return "—" if math.isinf(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+
         return f"{num(d['median'])} / {num(d['p90'])}" + (f" ({d['never']} never)" if d["never"] else "")
 
-    return "".join(f"| {label} | {row['sampler']} | {cell(row['to_1%'])} | {cell(row['to_2%'])} | {cell(row['to_5%'])} | "
-                   f"{row['best_at_25']:.3f} / {row['best_at_50']:.3f} / {row['best_at_100']:.3f} | "
-                   f"{row['repeats_per_new']:.2f} |\n" for row in rows)
+    return "".join(
+        f"| {label} | {row['sampler']} | {cell(row['to_1%'])} | {cell(row['to_2%'])} | {cell(row['to_5%'])} | "
+        f"{row['best_at_25']:.3f} / {row['best_at_50']:.3f} / {row['best_at_100']:.3f} | "
+        f"{row['repeats_per_new']:.2f} |\n"
+        for row in rows
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import optuna
@@ -59,9 +59,18 @@ def within_noise_of_best(ranked: list[FrozenTrial], top_k: int) -> list[FrozenTr
     return out
 
 
-def retime_top(study: optuna.Study, space: Space, problem: Problem, device: DeviceLimits,
-               measure: Callable[[MeasureJob], MeasureResult], *, top_k: int = 5, rounds: int = 3,
-               settings: MeasureSettings | None = None, compiler: Compile = compile_outcome) -> dict[str, Any] | None:
+def retime_top(
+    study: optuna.Study,
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    measure: Callable[[MeasureJob], MeasureResult],
+    *,
+    top_k: int = 5,
+    rounds: int = 3,
+    settings: MeasureSettings | None = None,
+    compiler: Compile = compile_outcome,
+) -> dict[str, Any] | None:
     """Re-time the configs that may be the best (:func:`within_noise_of_best`, at most ``top_k``) and the
     default, interleaved over ``rounds``; store and return the winner."""
     if rounds < 1:
@@ -75,8 +84,9 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
     for key, (number, config) in candidates.items():
         compiled = compiler(str(space.path), config, problem, device)  # served by the cubin cache
         if compiled.ok and compiled.payload is not None:
-            jobs[key] = measure_job_for(space, config, problem, device, compiled.payload, settings,
-                                        tag=f"retime-{number}")
+            jobs[key] = measure_job_for(
+                space, config, problem, device, compiled.payload, settings, tag=f"retime-{number}"
+            )
     timed, rejected = _rounds(jobs, measure, rounds)
     if not timed:
         return None
@@ -88,8 +98,15 @@ def retime_top(study: optuna.Study, space: Space, problem: Problem, device: Devi
 def _candidates(study: optuna.Study, space: Space, problem: Problem, top_k: int) -> dict[str, tuple[int, Config]]:
     """config key -> (trial number, config) of the trials that may be the best, and of the default's trial;
     empty when no trial completed."""
-    complete = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                       if st.DUPLICATE_OF not in t.user_attrs), key=lambda t: t.value, reverse=True)
+    complete = sorted(
+        (
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if st.DUPLICATE_OF not in t.user_attrs
+        ),
+        key=lambda t: t.value,
+        reverse=True,
+    )
     if not complete:
         return {}
     candidates: dict[str, tuple[int, Config]] = {}
@@ -102,8 +119,9 @@ def _candidates(study: optuna.Study, space: Space, problem: Problem, top_k: int)
     return candidates
 
 
-def _rounds(jobs: dict[str, MeasureJob], measure: Callable[[MeasureJob], MeasureResult],
-            rounds: int) -> tuple[dict[str, float], dict[str, MeasureResult]]:
+def _rounds(
+    jobs: dict[str, MeasureJob], measure: Callable[[MeasureJob], MeasureResult], rounds: int
+) -> tuple[dict[str, float], dict[str, MeasureResult]]:
     """Measure every job once a round, in the same order each round: each job's median latency (ms) over
     the rounds, and the result of each job that failed a round (it is out from then on)."""
     samples: dict[str, list[float]] = {key: [] for key in jobs}
@@ -120,9 +138,15 @@ def _rounds(jobs: dict[str, MeasureJob], measure: Callable[[MeasureJob], Measure
     return {key: statistics.median(v) for key, v in samples.items() if len(v) == rounds}, rejected
 
 
-def _winner_entry(study: optuna.Study, problem: Problem, candidates: dict[str, tuple[int, Config]],
-                  timed: dict[str, float], rejected: dict[str, MeasureResult], default: Config,
-                  rounds: int) -> dict[str, Any]:
+def _winner_entry(
+    study: optuna.Study,
+    problem: Problem,
+    candidates: dict[str, tuple[int, Config]],
+    timed: dict[str, float],
+    rejected: dict[str, MeasureResult],
+    default: Config,
+    rounds: int,
+) -> dict[str, Any]:
     """The study's ``winner`` attribute: the fastest re-timed config, against the default, with every candidate."""
     best_key = min(timed, key=timed.__getitem__)
     number, config = candidates[best_key]
@@ -137,9 +161,12 @@ def _winner_entry(study: optuna.Study, problem: Problem, candidates: dict[str, t
         "rounds": rounds,
         # a faster trial completed after this re-timing makes the winner stale (study.winner)
         "seen_trials": sorted(t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
-        "candidates": [{"trial": candidates[k][0], "latency_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12}
-                       for k, ms in sorted(timed.items(), key=lambda kv: kv[1])],
-        "rejected": [{"trial": candidates[k][0], "status": r.status, "detail": r.detail[:300]}
-                     for k, r in rejected.items()],
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "candidates": [
+            {"trial": candidates[k][0], "latency_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12}
+            for k, ms in sorted(timed.items(), key=lambda kv: kv[1])
+        ],
+        "rejected": [
+            {"trial": candidates[k][0], "status": r.status, "detail": r.detail[:300]} for k, r in rejected.items()
+        ],
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -40,8 +40,19 @@ from ._progress import Progress
 from ._threads import compile_pool
 from ._worker import Worker, WorkerError
 
-__all__ = ["RunSpec", "TuningRun", "compile_processes", "gpu_infos", "join_study", "open_gpus", "prepare_study",
-           "retime_winner", "run_on_gpus", "tune_suite", "warm_start_configs"]
+__all__ = [
+    "RunSpec",
+    "TuningRun",
+    "compile_processes",
+    "gpu_infos",
+    "join_study",
+    "open_gpus",
+    "prepare_study",
+    "retime_winner",
+    "run_on_gpus",
+    "tune_suite",
+    "warm_start_configs",
+]
 
 # keys of the study's ``run`` attribute (tuner.study.RUN): how the study is tuned
 _SAMPLER, _SEED, _TARGET_TRIALS = "sampler", "seed", "target_trials"
@@ -86,8 +97,9 @@ class TuningRun:
 
 
 @contextlib.contextmanager
-def open_gpus(gpus: list[int],
-              handler: type[GpuHandler] | None = None) -> Iterator[tuple[list[Worker], list[dict[str, Any]]]]:
+def open_gpus(
+    gpus: list[int], handler: type[GpuHandler] | None = None
+) -> Iterator[tuple[list[Worker], list[dict[str, Any]]]]:
     """A GPU worker per GPU, all started at once, and what each GPU reports; refuses a mix of GPU models
     (their timings do not compare). The workers are closed on leaving."""
     workers = [Worker(device=index, handler=handler) for index in gpus]
@@ -103,8 +115,10 @@ def open_gpus(gpus: list[int],
             infos = list(pool.map(info, workers))
         names = {i["name"] for i in infos}
         if len(names) > 1:
-            raise UsageError(f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
-                             "compare: tune each model in its own study (--gpus with one model)")
+            raise UsageError(
+                f"GPUs {gpus} are different models ({', '.join(sorted(names))}); their timings do not "
+                "compare: tune each model in its own study (--gpus with one model)"
+            )
         yield workers, infos
     finally:
         for worker in workers:
@@ -117,8 +131,13 @@ def gpu_infos(gpus: list[int], handler: type[GpuHandler] | None = None) -> list[
         return infos
 
 
-def prepare_study(spec: RunSpec, info: dict[str, Any], *, space: Space | None = None,
-                  storage: optuna.storages.BaseStorage | None = None) -> TuningRun:
+def prepare_study(
+    spec: RunSpec,
+    info: dict[str, Any],
+    *,
+    space: Space | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> TuningRun:
     """Create or resume the study and record how to join it. ``space`` and ``storage``: the spec's family
     and storage when the caller has them open already (else loaded and opened here)."""
     space = space if space is not None else load_space(spec.family)
@@ -129,25 +148,44 @@ def prepare_study(spec: RunSpec, info: dict[str, Any], *, space: Space | None = 
     wrong_arch = space.runs_on(device.arch)
     if wrong_arch:
         others = [f for f in available_families() if load_space(f).runs_on(device.arch) is None]
-        raise UsageError(f"{wrong_arch} ({info['name']})"
-                         + (f"; families that run there: {', '.join(others)}" if others else ""))
+        raise UsageError(
+            f"{wrong_arch} ({info['name']})" + (f"; families that run there: {', '.join(others)}" if others else "")
+        )
     storage = storage if storage is not None else _open(spec.storage_url)
     name = spec.study_name or st.default_study_name(space, device.arch, str(info["name"]), spec.problem)
-    study = st.open_study(storage=storage, name=name, space=space, problem=spec.problem, gpu=info,
-                          sampler=make_sampler(spec.sampler, space, spec.seed))
+    study = st.open_study(
+        storage=storage,
+        name=name,
+        space=space,
+        problem=spec.problem,
+        gpu=info,
+        sampler=make_sampler(spec.sampler, space, spec.seed),
+    )
     study.set_user_attr(st.RUN, {_SAMPLER: spec.sampler, _SEED: spec.seed, _TARGET_TRIALS: spec.settings.n_trials})
     return TuningRun(spec=dataclasses.replace(spec, study_name=name), space=space, storage=storage, study=study)
 
 
-def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, problem: Problem, device: DeviceLimits,
-                       gpu_name: str, *, limit: int = 3) -> list[tuple[str, Config]]:
+def warm_start_configs(
+    storage: optuna.storages.BaseStorage,
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    gpu_name: str,
+    *,
+    limit: int = 3,
+) -> list[tuple[str, Config]]:
     """(study, winner) of the flashtune studies nearest to ``problem`` that share its family, GPU model,
     dtype and head dim, at most ``limit`` distinct configs, each feasible for ``problem`` and not its
     default: nearest by causal flag first, then by sequence length (log scale), then batch and heads."""
+
     def distance(other: Problem) -> tuple[float, ...]:
-        return (other.causal != problem.causal, abs(math.log2(other.seqlen_q / problem.seqlen_q)),
-                abs(math.log2(other.seqlen_k / problem.seqlen_k)), abs(math.log2(other.batch / problem.batch)),
-                abs(math.log2(other.heads_q / problem.heads_q)))
+        return (
+            other.causal != problem.causal,
+            abs(math.log2(other.seqlen_q / problem.seqlen_q)),
+            abs(math.log2(other.seqlen_k / problem.seqlen_k)),
+            abs(math.log2(other.batch / problem.batch)),
+            abs(math.log2(other.heads_q / problem.heads_q)),
+        )
 
     candidates = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
@@ -171,8 +209,12 @@ def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, probl
             config = space.validate(won["config"]) if won else None
         except (KeyError, TypeError, ValueError):
             continue
-        if (config is None or config == default or any(config == c for _, c in chosen)
-                or space.check(config, problem, device) is not None):
+        if (
+            config is None
+            or config == default
+            or any(config == c for _, c in chosen)
+            or space.check(config, problem, device) is not None
+        ):
             continue
         chosen.append((name, config))
         if len(chosen) == limit:
@@ -180,21 +222,30 @@ def warm_start_configs(storage: optuna.storages.BaseStorage, space: Space, probl
     return chosen
 
 
-def join_study(storage_url: str, study_name: str, *, n_trials: int | None = None,
-               settings: TuneSettings | None = None) -> TuningRun:
+def join_study(
+    storage_url: str, study_name: str, *, n_trials: int | None = None, settings: TuneSettings | None = None
+) -> TuningRun:
     """An existing study, opened for `flashtune worker` on another host, with the spec it was created with."""
     storage = open_storage(storage_url, create=False, stale_trial_callback=requeue_stale)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise UsageError(f"no study named {printable(study_name, 200)!r} in {mask_url(storage_url)}; create it with "
-                         "`flashtune tune` first (`flashtune studies` lists what is there)") from None
+        raise UsageError(
+            f"no study named {printable(study_name, 200)!r} in {mask_url(storage_url)}; create it with "
+            "`flashtune tune` first (`flashtune studies` lists what is there)"
+        ) from None
     meta = st.StudyMeta.read(study)
     base = settings or TuneSettings()
     target = n_trials if n_trials is not None else meta.run.get(_TARGET_TRIALS, base.n_trials)
-    spec = RunSpec(family=meta.family, problem=meta.problem, storage_url=storage_url, study_name=study_name,
-                   sampler=meta.run.get(_SAMPLER, DEFAULT_SEARCH), seed=meta.run.get(_SEED),
-                   settings=dataclasses.replace(base, n_trials=target))
+    spec = RunSpec(
+        family=meta.family,
+        problem=meta.problem,
+        storage_url=storage_url,
+        study_name=study_name,
+        sampler=meta.run.get(_SAMPLER, DEFAULT_SEARCH),
+        seed=meta.run.get(_SEED),
+        settings=dataclasses.replace(base, n_trials=target),
+    )
     return TuningRun(spec=spec, space=load_space(spec.family), storage=storage, study=study)
 
 
@@ -205,21 +256,39 @@ def retime_winner(run: TuningRun, gpu: int, *, top_k: int, rounds: int, worker: 
 
     spec = run.spec
     if top_k > 0:
-        print(f"re-timing the configs within the noise of the best (at most {top_k}) and the default, "
-              f"{rounds} rounds ...", file=sys.stderr)
+        print(
+            f"re-timing the configs within the noise of the best (at most {top_k}) and the default, "
+            f"{rounds} rounds ...",
+            file=sys.stderr,
+        )
         with contextlib.ExitStack() as stack:
             if worker is None:
                 worker = stack.enter_context(Worker(device=gpu, handler=spec.handler))
             device = DeviceLimits.from_info(worker.device_info(timeout_s=120))
             timeout = spec.settings.trial_timeout_s
-            retime_top(run.study, run.space, spec.problem, device,
-                       lambda job: worker.measure(job, timeout_s=timeout), top_k=top_k, rounds=rounds,
-                       settings=spec.settings.measure)
+            retime_top(
+                run.study,
+                run.space,
+                spec.problem,
+                device,
+                lambda job: worker.measure(job, timeout_s=timeout),
+                top_k=top_k,
+                rounds=rounds,
+                settings=spec.settings.measure,
+            )
     return run.study
 
 
-def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[str, Any]], *, top_k: int,
-               rounds: int, on_done: Callable[[optuna.Study], Any] | None = None) -> None:
+def tune_suite(
+    suite: Suite,
+    base: RunSpec,
+    gpus: list[int],
+    infos: list[dict[str, Any]],
+    *,
+    top_k: int,
+    rounds: int,
+    on_done: Callable[[optuna.Study], Any] | None = None,
+) -> None:
     """Tune every problem of ``suite`` as one ``flashtune tune`` would (``base`` gives storage, sampler, seed
     and settings), skipping finished studies, so that rerunning resumes, and re-time each winner. Each GPU
     keeps one measuring process and one compile pool for all its studies; with several GPUs the studies
@@ -246,9 +315,14 @@ def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[st
     share = max(1, base.settings.compile_workers // len(gpus))
     per_gpu = dataclasses.replace(base, settings=dataclasses.replace(base.settings, compile_workers=share))
     ctx = mp.get_context("spawn")
-    processes = [ctx.Process(target=_suite_process, name=f"flashtune-suite-gpu-{g}",
-                             args=(per_gpu, todo[i::len(gpus)], g, info, top_k, rounds, on_done, f"[gpu {g}] "))
-                 for i, (g, info) in enumerate(zip(gpus, infos))]
+    processes = [
+        ctx.Process(
+            target=_suite_process,
+            name=f"flashtune-suite-gpu-{g}",
+            args=(per_gpu, todo[i :: len(gpus)], g, info, top_k, rounds, on_done, f"[gpu {g}] "),
+        )
+        for i, (g, info) in enumerate(zip(gpus, infos))
+    ]
     for p in processes:
         p.start()
     try:
@@ -260,22 +334,42 @@ def tune_suite(suite: Suite, base: RunSpec, gpus: list[int], infos: list[dict[st
                 p.terminate()
     failed = [g for g, p in zip(gpus, processes) if p.exitcode != 0]
     if failed:
-        raise UsageError(f"the suite process of GPU(s) {failed} failed (see its messages above); finished trials "
-                         "are stored: rerun the same command to resume")
+        raise UsageError(
+            f"the suite process of GPU(s) {failed} failed (see its messages above); finished trials "
+            "are stored: rerun the same command to resume"
+        )
 
 
-def _suite_process(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info: dict[str, Any], top_k: int,
-                   rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str) -> None:
+def _suite_process(
+    base: RunSpec,
+    todo: list[tuple[str, Problem]],
+    gpu: int,
+    info: dict[str, Any],
+    top_k: int,
+    rounds: int,
+    on_done: Callable[[optuna.Study], Any] | None,
+    label: str,
+) -> None:
     try:
         _suite_on_gpu(base, todo, gpu, info, top_k, rounds, on_done, label)
-    except Exception as e:  # noqa: BLE001 - reported here, counted as a failure by the parent
+    except Exception as e:
         print(f"{label}error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
-def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info: dict[str, Any], top_k: int,
-                  rounds: int, on_done: Callable[[optuna.Study], Any] | None, label: str, *,
-                  space: Space | None = None, storage: optuna.storages.BaseStorage | None = None) -> None:
+def _suite_on_gpu(
+    base: RunSpec,
+    todo: list[tuple[str, Problem]],
+    gpu: int,
+    info: dict[str, Any],
+    top_k: int,
+    rounds: int,
+    on_done: Callable[[optuna.Study], Any] | None,
+    label: str,
+    *,
+    space: Space | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> None:
     """The studies ``todo`` on one GPU, with one measuring process and one compile pool for all of them, and
     the family's space and the storage opened once (given, or opened here: in a GPU's own process)."""
     space = space if space is not None else load_space(base.family)
@@ -292,8 +386,9 @@ def _suite_on_gpu(base: RunSpec, todo: list[tuple[str, Problem]], gpu: int, info
                     study.enqueue_trial(config, user_attrs={st.WARM_START: source})
                 study.set_user_attr(st.WARM_START, [source for source, _ in starts] or ["none"])
                 if starts:
-                    print(f"{label}{head}: starts from the winners of {', '.join(s for s, _ in starts)}",
-                          file=sys.stderr)
+                    print(
+                        f"{label}{head}: starts from the winners of {', '.join(s for s, _ in starts)}", file=sys.stderr
+                    )
             run_on_gpu(run, gpu, label, workers=[worker], pool=pool)
             study = retime_winner(run, gpu, top_k=top_k, rounds=rounds, worker=worker)
             if on_done is not None:
@@ -312,20 +407,35 @@ def compile_processes(settings: TuneSettings) -> Iterator[cf.Executor]:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_on_gpus(run: TuningRun, gpus: list[int], infos: list[dict[str, Any]], *,
-                workers: list[Worker] | None = None, pool: cf.Executor | None = None) -> TuneSummary:
+def run_on_gpus(
+    run: TuningRun,
+    gpus: list[int],
+    infos: list[dict[str, Any]],
+    *,
+    workers: list[Worker] | None = None,
+    pool: cf.Executor | None = None,
+) -> TuneSummary:
     """Tune ``run``'s study on ``gpus`` of this host: one loop, one search and one compile pool, a GPU
     worker per GPU (see :mod:`._loop`); the workers (:func:`open_gpus`) and pool given, else its own."""
     stored_gpu = st.StudyMeta.read(run.study).gpu_name
     for index, info in zip(gpus, infos):
         if info["name"] != stored_gpu:
-            raise UsageError(f"GPU {index} is {info['name']!r} but study {run.study_name!r} is measured on "
-                             f"{stored_gpu!r}; timings do not compare")
+            raise UsageError(
+                f"GPU {index} is {info['name']!r} but study {run.study_name!r} is measured on "
+                f"{stored_gpu!r}; timings do not compare"
+            )
     return run_on_gpu(run, gpus, info=infos[0], workers=workers, pool=pool)
 
 
-def run_on_gpu(run: TuningRun, gpus: int | list[int], label: str = "", *, workers: list[Worker] | None = None,
-               pool: cf.Executor | None = None, info: dict[str, Any] | None = None) -> TuneSummary:
+def run_on_gpu(
+    run: TuningRun,
+    gpus: int | list[int],
+    label: str = "",
+    *,
+    workers: list[Worker] | None = None,
+    pool: cf.Executor | None = None,
+    info: dict[str, Any] | None = None,
+) -> TuneSummary:
     """One tuning loop on ``gpus`` (one GPU, or several of this host) with its own search, on ``run``'s study;
     the GPU workers (one per GPU, in order) and compile pool given (a suite shares them across its studies),
     else its own. ``info``: what the GPUs reported (:func:`open_gpus`), else the first worker is asked;
@@ -347,14 +457,28 @@ def run_on_gpu(run: TuningRun, gpus: int | list[int], label: str = "", *, worker
         timeout = spec.settings.trial_timeout_s
         search = make_search(spec.sampler, run.space, spec.problem, device, seed)
         measures = [_WorkerGpu(w, timeout) for w in workers]
-        summary = tune(run.study, run.space, spec.problem, device, measures, spec.settings, search=search,
-                       compiler=compiler, progress=Progress(prefix=label), pool=pool, seed=seed)
+        summary = tune(
+            run.study,
+            run.space,
+            spec.problem,
+            device,
+            measures,
+            spec.settings,
+            search=search,
+            compiler=compiler,
+            progress=Progress(prefix=label),
+            pool=pool,
+            seed=seed,
+        )
     s = search.stats
     restarts = sum(w.restarts for w in workers)
-    print(f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
-          f"{summary.failed} failed, {summary.explorations} explorations, {summary.duplicates} duplicate enqueued "
-          f"configs, {restarts} worker restarts; search: {s.asks} proposals drawn, {s.infeasible} "
-          f"infeasible (repaired), {s.repeats} repeats", file=sys.stderr)
+    print(
+        f"{label}stopped: {summary.stopped_because}; this process: {summary.evaluated} evaluated, "
+        f"{summary.failed} failed, {summary.explorations} explorations, {summary.duplicates} duplicate enqueued "
+        f"configs, {restarts} worker restarts; search: {s.asks} proposals drawn, {s.infeasible} "
+        f"infeasible (repaired), {s.repeats} repeats",
+        file=sys.stderr,
+    )
     if summary.stats is not None:
         print(f"{label}throughput: {summary.stats.line()}", file=sys.stderr)
     return summary

@@ -120,8 +120,10 @@ class SyntheticOracle(Oracle):
 
     def describe(self) -> str:
         default = self.tflops(self.space.defaults(self.problem.head_dim))
-        return (f"{self.kind} landscape {self.study_name} over {self.space.name}: {self.problem.slug()}, best "
-                f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else ""))
+        return (
+            f"{self.kind} landscape {self.study_name} over {self.space.name}: {self.problem.slug()}, best "
+            f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else "")
+        )
 
 
 # -- drawing landscapes ---------------------------------------------------------------------------
@@ -136,8 +138,10 @@ def _feasible(space: Space, problem: Problem, device: DeviceLimits, config: Conf
 def feasible_configs(space: Space, problem: Problem, device: DeviceLimits) -> Iterator[Config]:
     """Every statically feasible config of a small space (up to :data:`ENUMERATE_LIMIT` grid points)."""
     if space.size() > ENUMERATE_LIMIT:
-        raise ReplayError(f"{space.name} has {space.size()} grid points; enumerating them is limited to "
-                          f"{ENUMERATE_LIMIT} (use a planted landscape)")
+        raise ReplayError(
+            f"{space.name} has {space.size()} grid points; enumerating them is limited to "
+            f"{ENUMERATE_LIMIT} (use a planted landscape)"
+        )
     names = [k.name for k in space.knobs]
     for values in itertools.product(*(k.values for k in space.knobs)):
         config = dict(zip(names, values))
@@ -145,8 +149,14 @@ def feasible_configs(space: Space, problem: Problem, device: DeviceLimits) -> It
             yield config
 
 
-def _random_feasible(space: Space, problem: Problem, device: DeviceLimits, rng: random.Random,
-                     accept=lambda c: True, tries: int = 200_000) -> Config:
+def _random_feasible(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    rng: random.Random,
+    accept=lambda c: True,
+    tries: int = 200_000,
+) -> Config:
     for _ in range(tries):
         config = {k.name: rng.choice(k.values) for k in space.knobs}
         if accept(config) and _feasible(space, problem, device, config):
@@ -154,8 +164,9 @@ def _random_feasible(space: Space, problem: Problem, device: DeviceLimits, rng: 
     raise ReplayError(f"no feasible config of {space.name} found for {problem.slug()} in {tries} draws")
 
 
-def _changed(space: Space, problem: Problem, device: DeviceLimits, config: Config, changes: int,
-             rng: random.Random) -> Config:
+def _changed(
+    space: Space, problem: Problem, device: DeviceLimits, config: Config, changes: int, rng: random.Random
+) -> Config:
     """``config`` with ``changes`` knobs set to other values at random, feasible."""
     names = _varied(space)
     for _ in range(10_000):
@@ -167,8 +178,9 @@ def _changed(space: Space, problem: Problem, device: DeviceLimits, config: Confi
     raise ReplayError(f"no feasible config {changes} knob changes from {config}")
 
 
-def _penalties(space: Space, names: list[str], centre: tuple[int, ...], rng: random.Random,
-               pair_share: float) -> tuple[list[list[float]], list[tuple[int, int, list[list[float]]]]]:
+def _penalties(
+    space: Space, names: list[str], centre: tuple[int, ...], rng: random.Random, pair_share: float
+) -> tuple[list[list[float]], list[tuple[int, int, list[list[float]]]]]:
     """Unscaled penalties around ``centre``: per knob (a weight drawn log-normally, growing with the
     steps of an ordered knob, each side its own slope and curvature) and per interacting pair."""
     main = []
@@ -194,14 +206,21 @@ def _penalties(space: Space, names: list[str], centre: tuple[int, ...], rng: ran
             continue
         t = mean_w * math.exp(rng.gauss(0.0, 1.0))
         na, nb = len(space.knob(names[a]).values), len(space.knob(names[b]).values)
-        m = [[0.0 if (i, j) == (centre[a], centre[b]) else t * rng.random() ** 2 for j in range(nb)]
-             for i in range(na)]
+        m = [[0.0 if (i, j) == (centre[a], centre[b]) else t * rng.random() ** 2 for j in range(nb)] for i in range(na)]
         pairs.append((a, b, m))
     return main, pairs
 
 
-def _basin(space: Space, names: list[str], centre: Config, height: float, rng: random.Random, pair_share: float,
-           median: float, fine: tuple[Config, float] | None = None) -> Basin:
+def _basin(
+    space: Space,
+    names: list[str],
+    centre: Config,
+    height: float,
+    rng: random.Random,
+    pair_share: float,
+    median: float,
+    fine: tuple[Config, float] | None = None,
+) -> Basin:
     """A basin at ``centre``, its penalties scaled so that a random config of the grid has a median share
     ``median`` of the peak; ``fine = (config, ratio)``: the knobs where ``config`` differs from the centre
     (their penalties and their pairs' penalties) are scaled again so that ``config`` is ``ratio`` of the peak."""
@@ -227,10 +246,22 @@ def _basin(space: Space, names: list[str], centre: Config, height: float, rng: r
     return Basin(idx, height, tuple(map(tuple, main)), tuple((a, b, tuple(map(tuple, m))) for a, b, m in pairs))
 
 
-def planted(space: Space, problem: Problem, device: DeviceLimits, seed: int, *, changes: tuple[int, int] = (2, 4),
-            default_ratio: tuple[float, float] = (0.93, 0.975), median: tuple[float, float] = (0.75, 0.9),
-            far: bool = False, other_basins: tuple[int, int] = (1, 3), noise: float = 0.01, failures: float = 0.0,
-            pair_share: float = 0.3, peak_tflops: float = 600.0) -> SyntheticOracle:
+def planted(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    seed: int,
+    *,
+    changes: tuple[int, int] = (2, 4),
+    default_ratio: tuple[float, float] = (0.93, 0.975),
+    median: tuple[float, float] = (0.75, 0.9),
+    far: bool = False,
+    other_basins: tuple[int, int] = (1, 3),
+    noise: float = 0.01,
+    failures: float = 0.0,
+    pair_share: float = 0.3,
+    peak_tflops: float = 600.0,
+) -> SyntheticOracle:
     """A landscape whose best config is known: see the module docstring. ``changes``: how many knobs the
     best differs from the default in (inclusive range); ``default_ratio``: the default's share of the best
     (range, before noise); ``median``: the median share of a random config (range); ``far``: the best
@@ -243,12 +274,19 @@ def planted(space: Space, problem: Problem, device: DeviceLimits, seed: int, *, 
     ratio = rng.uniform(*default_ratio)
     width = rng.uniform(*median)
     if far:
-        best = _random_feasible(space, problem, device, rng,
-                                accept=lambda c: sum(c[n] != default[n] for n in names) >= (len(names) + 1) // 2)
+        best = _random_feasible(
+            space,
+            problem,
+            device,
+            rng,
+            accept=lambda c: sum(c[n] != default[n] for n in names) >= (len(names) + 1) // 2,
+        )
         local = _changed(space, problem, device, default, rng.randint(1, 2), rng)
         height = math.log(rng.uniform(0.95, 0.985))
-        basins = [_basin(space, names, best, 0.0, rng, pair_share, width),
-                  _basin(space, names, local, height, rng, pair_share, width, (default, ratio / math.exp(height)))]
+        basins = [
+            _basin(space, names, best, 0.0, rng, pair_share, width),
+            _basin(space, names, local, height, rng, pair_share, width, (default, ratio / math.exp(height))),
+        ]
     else:
         best = _changed(space, problem, device, default, rng.randint(*changes), rng)
         basins = [_basin(space, names, best, 0.0, rng, pair_share, width, (default, ratio))]
@@ -256,18 +294,35 @@ def planted(space: Space, problem: Problem, device: DeviceLimits, seed: int, *, 
         centre = _random_feasible(space, problem, device, rng)
         if config_key(centre) != config_key(best):
             basins.append(_basin(space, names, centre, math.log(rng.uniform(0.9, 0.99)), rng, pair_share, width))
-    landscape = Landscape(space=space, peak_tflops=peak_tflops, basins=tuple(basins), noise=noise, failures=failures,
-                          salt=f"{seed}", noiseless=frozenset({config_key(best)}),
-                          never_fail=frozenset({config_key(best), config_key(default)}), best_tflops=peak_tflops,
-                          knob_names=tuple(names))
+    landscape = Landscape(
+        space=space,
+        peak_tflops=peak_tflops,
+        basins=tuple(basins),
+        noise=noise,
+        failures=failures,
+        salt=f"{seed}",
+        noiseless=frozenset({config_key(best)}),
+        never_fail=frozenset({config_key(best), config_key(default)}),
+        best_tflops=peak_tflops,
+        knob_names=tuple(names),
+    )
     kind = "planted far" if far else "planted"
     return SyntheticOracle(f"{kind}-{seed}", space, problem, device, {}, landscape=landscape, kind=kind)
 
 
-def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
-             default_ratio: tuple[float, float] = (0.93, 0.975), spread: tuple[float, float] = (0.06, 0.14),
-             noise: float = 0.012, failures: float = 0.0, pair_share: float = 0.5,
-             peak_tflops: float = 600.0) -> SyntheticOracle:
+def additive(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    seed: int,
+    *,
+    default_ratio: tuple[float, float] = (0.93, 0.975),
+    spread: tuple[float, float] = (0.06, 0.14),
+    noise: float = 0.012,
+    failures: float = 0.0,
+    pair_share: float = 0.5,
+    peak_tflops: float = 600.0,
+) -> SyntheticOracle:
     """A random additive landscape with pairwise interactions over a small space (see the module docstring):
     ``spread`` is the standard deviation of log TFLOPS over the feasible configs (a range)."""
     rng = random.Random(f"additive:{space.name}:{problem.slug()}:{seed}")
@@ -283,8 +338,9 @@ def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
     scale = rng.uniform(*spread) / max(float(base.std()), 1e-12)
     didx = [space.knob(n).values.index(default[n]) for n in names]
     matches = (idx == np.array(didx)).sum(axis=1)
-    gauss = np.array([Landscape(space=space, peak_tflops=1.0, salt=f"{seed}")._draws(config_key(c))[1]
-                      for c in configs])
+    gauss = np.array(
+        [Landscape(space=space, peak_tflops=1.0, salt=f"{seed}")._draws(config_key(c))[1] for c in configs]
+    )
     target = rng.uniform(*default_ratio)
     is_default = np.array([config_key(c) == config_key(default) for c in configs])
 
@@ -293,20 +349,30 @@ def additive(space: Space, problem: Problem, device: DeviceLimits, seed: int, *,
         return math.exp(float(v[is_default][0] - v.max()))
 
     bonus = _bonus_for_share(default_share, target)
-    table = tuple(tuple(scale * x + (bonus if i == didx[k] else 0.0) for i, x in enumerate(main[k]))
-                  for k in range(len(names)))
+    table = tuple(
+        tuple(scale * x + (bonus if i == didx[k] else 0.0) for i, x in enumerate(main[k])) for k in range(len(names))
+    )
     pair_table = tuple((a, b, tuple(tuple(scale * x for x in row) for row in m)) for a, b, m in pairs)
     values = scale * base + bonus * matches + noise * gauss
     top = float(values.max())
-    landscape = Landscape(space=space, peak_tflops=peak_tflops * math.exp(-top), additive=table,
-                          additive_pairs=pair_table, noise=noise, failures=failures, salt=f"{seed}",
-                          best_tflops=peak_tflops, knob_names=tuple(names),
-                          never_fail=frozenset({config_key(configs[int(values.argmax())]), config_key(default)}))
+    landscape = Landscape(
+        space=space,
+        peak_tflops=peak_tflops * math.exp(-top),
+        additive=table,
+        additive_pairs=pair_table,
+        noise=noise,
+        failures=failures,
+        salt=f"{seed}",
+        best_tflops=peak_tflops,
+        knob_names=tuple(names),
+        never_fail=frozenset({config_key(configs[int(values.argmax())]), config_key(default)}),
+    )
     return SyntheticOracle(f"additive-{seed}", space, problem, device, {}, landscape=landscape, kind="additive")
 
 
-def _additive_effects(space: Space, names: list[str], rng: random.Random, pair_share: float
-                      ) -> tuple[list[list[float]], list[tuple[int, int, list[list[float]]]]]:
+def _additive_effects(
+    space: Space, names: list[str], rng: random.Random, pair_share: float
+) -> tuple[list[list[float]], list[tuple[int, int, list[list[float]]]]]:
     """An additive landscape's log-TFLOPS effects: per knob of ``names``, one per value (an ordered knob's as
     a random walk, so that neighbouring values have similar effects), and for a ``pair_share`` of the knob
     pairs (a, b) an interaction per pair of values."""
@@ -325,8 +391,9 @@ def _additive_effects(space: Space, names: list[str], rng: random.Random, pair_s
     for a, b in itertools.combinations(range(len(names)), 2):
         if rng.random() < pair_share:
             t = sum(weights) / len(weights) * math.exp(rng.gauss(-0.5, 0.7))
-            pairs.append((a, b, [[rng.gauss(0.0, t) for _ in space.knob(names[b]).values]
-                                 for _ in space.knob(names[a]).values]))
+            pairs.append(
+                (a, b, [[rng.gauss(0.0, t) for _ in space.knob(names[b]).values] for _ in space.knob(names[a]).values])
+            )
     return main, pairs
 
 
@@ -382,16 +449,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help="Markdown table rows instead of the text table")
     args = p.parse_args(argv)
     space = load_space(args.space)
-    problem = Problem(batch=args.batch, seqlen_q=args.seqlen, heads_q=args.heads, head_dim=args.head_dim,
-                      dtype=args.dtype, causal=not args.full)
+    problem = Problem(
+        batch=args.batch,
+        seqlen_q=args.seqlen,
+        heads_q=args.heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        causal=not args.full,
+    )
     device = limits_for_arch(args.arch)
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    runs = replay(landscapes(args.kind, space, problem, device), samplers, range(args.seeds), args.budget,
-                  window=args.window, jobs=args.jobs)
+    runs = replay(
+        landscapes(args.kind, space, problem, device),
+        samplers,
+        range(args.seeds),
+        args.budget,
+        window=args.window,
+        jobs=args.jobs,
+    )
     rows = summarize(None, runs)
     title = f"{args.kind} landscapes over {space.name}: {problem.slug()}, {args.seeds} seeds, window {args.window}"
-    print(format_markdown(rows, label=f"{args.kind} {space.name} {problem.slug()} w{args.window}") if args.markdown
-          else format_table(None, rows, args.budget, title=title), end="")
+    print(
+        format_markdown(rows, label=f"{args.kind} {space.name} {problem.slug()} w{args.window}")
+        if args.markdown
+        else format_table(None, rows, args.budget, title=title),
+        end="",
+    )
     return 0
 
 

@@ -34,7 +34,7 @@ class _InlineExecutor(cf.Executor):
         future: cf.Future = cf.Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - delivered through the future, as a pool would
+        except BaseException as e:
             future.set_exception(e)
         return future
 
@@ -45,15 +45,18 @@ def compile_pool(workers: int) -> cf.Executor:
     exits when the tuner that started it is gone, even killed with SIGKILL."""
     if workers == 0:
         return _InlineExecutor()
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                  initializer=_compile_process_setup, initargs=(os.getpid(),))
+    return cf.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_compile_process_setup,
+        initargs=(os.getpid(),),
+    )
 
 
 def _compile_process_setup(tuner_pid: int) -> None:
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or not a POSIX system: compile as is
         os.nice(COMPILE_NICENESS)
-    threading.Thread(target=_exit_when_orphaned, args=(tuner_pid,), name="flashtune-orphan-watch",
-                     daemon=True).start()
+    threading.Thread(target=_exit_when_orphaned, args=(tuner_pid,), name="flashtune-orphan-watch", daemon=True).start()
 
 
 def _exit_when_orphaned(tuner_pid: int, interval_s: float = 1.0) -> None:
@@ -78,7 +81,7 @@ class _SerialThread:
                 continue
             try:
                 future.set_result(call())
-            except BaseException as e:  # noqa: BLE001 - handed to the loop's thread through the future
+            except BaseException as e:
                 future.set_exception(e)
 
     def submit(self, call: Callable[[], Any]) -> cf.Future:
@@ -99,8 +102,9 @@ class GpuLane:
     :meth:`Measure.prepare <._contracts.Measure.prepare>`); :attr:`prepared` is its future (of its seconds,
     or its error)."""
 
-    def __init__(self, gpu: Measure, *, problem: Problem, settings: MeasureSettings, index: int = 0,
-                 inline: bool = False) -> None:
+    def __init__(
+        self, gpu: Measure, *, problem: Problem, settings: MeasureSettings, index: int = 0, inline: bool = False
+    ) -> None:
         self.gpu = gpu
         self.index = index
         self.busy = False
@@ -144,7 +148,7 @@ class Storer:
             return
         try:
             call()
-        except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+        except BaseException as e:
             self.error = e
 
     def submit(self, call: Callable[[], Any]) -> None:

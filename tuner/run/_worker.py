@@ -63,17 +63,21 @@ class Worker:
     ``handler``: the class the child instantiates (None: :class:`tuner.gpu.CupyHandler`), defined at
     the top level of a module the child can import (it is pickled by reference)."""
 
-    def __init__(self, *, handler: type[GpuHandler] | None = None, device: int = 0,
-                 startup_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self, *, handler: type[GpuHandler] | None = None, device: int = 0, startup_timeout_s: float = 180.0
+    ) -> None:
         if handler is not None and not isinstance(handler, type):
-            raise TypeError(f"handler must be a class (a tuner.gpu.GpuHandler, such as tuner.gpu.CupyHandler), "
-                            f"not {handler!r}")
+            raise TypeError(
+                f"handler must be a class (a tuner.gpu.GpuHandler, such as tuner.gpu.CupyHandler), not {handler!r}"
+            )
         self.handler: type[GpuHandler] = CupyHandler if handler is None else handler
         try:  # by reference: the child imports the class's module
             self._handler_reference = pickle.dumps(self.handler)
         except (pickle.PicklingError, AttributeError, TypeError) as e:
-            raise TypeError(f"handler {self.handler.__qualname__} cannot be sent to the worker process ({e}); define "
-                            "it at the top level of a module") from None
+            raise TypeError(
+                f"handler {self.handler.__qualname__} cannot be sent to the worker process ({e}); define "
+                "it at the top level of a module"
+            ) from None
         self.device = device
         self.startup_timeout_s = startup_timeout_s
         self._child: _Child | None = None
@@ -91,8 +95,12 @@ class Worker:
             self.restarts += 1
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=_serve, args=(child_conn, self._handler_reference, self.device, os.getpid()),
-                              name=f"flashtune-worker-{self.device}", daemon=True)
+        process = ctx.Process(
+            target=_serve,
+            args=(child_conn, self._handler_reference, self.device, os.getpid()),
+            name=f"flashtune-worker-{self.device}",
+            daemon=True,
+        )
         process.start()
         child_conn.close()
         if not parent_conn.poll(self.startup_timeout_s):
@@ -103,8 +111,9 @@ class Worker:
             kind, payload = parent_conn.recv()
         except EOFError:
             process.join()
-            raise WorkerUnavailable(f"worker for GPU {self.device} died while starting (exit code {process.exitcode})"
-                                    ) from None
+            raise WorkerUnavailable(
+                f"worker for GPU {self.device} died while starting (exit code {process.exitcode})"
+            ) from None
         if kind != "ready":
             process.join()
             raise WorkerUnavailable(f"worker for GPU {self.device} could not start: {payload}")
@@ -179,8 +188,9 @@ class Worker:
         """The problem's inputs, reference and warm-up before its first job; returns the ms it took."""
         return self.call(self.handler.prepare, problem, settings, timeout_s=timeout_s)
 
-    def peers(self, problem: Problem, settings: MeasureSettings | None = None, *,
-              timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    def peers(
+        self, problem: Problem, settings: MeasureSettings | None = None, *, timeout_s: float = 600.0
+    ) -> list[dict[str, Any]]:
         """The peers (PyTorch SDPA backends, a cuBLAS GEMM) timed on ``problem``: a row each."""
         return self.call(self.handler.run_peers, problem, settings, timeout_s=timeout_s)
 
@@ -205,7 +215,7 @@ def _serve(conn: Connection, handler_reference: bytes, device: int, parent_pid: 
     try:
         handler = pickle.loads(handler_reference)()  # here, not in spawn's start: an import error is reported
         handler.setup(device)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
+    except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ready", None))
@@ -213,7 +223,7 @@ def _serve(conn: Connection, handler_reference: bytes, device: int, parent_pid: 
         try:
             function, arguments = ForkingPickler.loads(message)  # raises for a function this process cannot import
             result = function(handler, *arguments)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             _report(conn, handler, e)
             continue
         conn.send(("result", result))

@@ -26,9 +26,23 @@ from ._exhaustive import GRID_LIMIT, ExhaustiveSearch
 from ._optuna import OptunaSearch, search_distributions
 from ._pattern import PatternSearch
 
-__all__ = ["DEFAULT_SEARCH", "SEARCHES", "OptunaSearch", "PatternSearch", "SamplerError", "Search", "SearchFactory",
-           "SearchStats", "check_search", "distributions", "make_sampler", "make_search", "nearest_feasible",
-           "neighbours", "search_distributions"]
+__all__ = [
+    "DEFAULT_SEARCH",
+    "SEARCHES",
+    "OptunaSearch",
+    "PatternSearch",
+    "SamplerError",
+    "Search",
+    "SearchFactory",
+    "SearchStats",
+    "check_search",
+    "distributions",
+    "make_sampler",
+    "make_search",
+    "nearest_feasible",
+    "neighbours",
+    "search_distributions",
+]
 
 #: the search ``--sampler`` runs unless told otherwise
 DEFAULT_SEARCH = "pattern"
@@ -65,6 +79,7 @@ class SearchFactory:
 def _optuna_search(sampler: Callable[[int | None], optuna.samplers.BaseSampler]) -> Callable[..., Search]:
     def build(space: Space, problem: Problem, device: DeviceLimits, seed: int | None) -> Search:
         return OptunaSearch(space, problem, device, seed, sampler(seed))
+
     return build
 
 

@@ -12,16 +12,16 @@ from ..devices import DeviceLimits
 from ..problem import Problem
 from ..space import Config, Space, config_key
 
-__all__ = ["Search", "SearchStats", "neighbours", "nearest_feasible"]
+__all__ = ["Search", "SearchStats", "nearest_feasible", "neighbours"]
 
 
 @dataclass
 class SearchStats:
     """Counts of one process's search, all settled in memory (none costs a storage round trip)."""
 
-    asks: int = 0        # proposals drawn from the strategy's model
+    asks: int = 0  # proposals drawn from the strategy's model
     infeasible: int = 0  # of those, rejected by the static check (and repaired to a feasible neighbour)
-    repeats: int = 0     # of those, configs already evaluated or in flight
+    repeats: int = 0  # of those, configs already evaluated or in flight
 
 
 class Search(ABC):
@@ -57,14 +57,14 @@ class Search(ABC):
             self.results[key] = value
             self._learn(config, value)
 
-    def _learn(self, config: Config, value: float | None) -> None:
+    def _learn(self, config: Config, value: float | None) -> None:  # noqa: B027 - optional hook
         """Strategies with a model update it here (first result of each config only)."""
 
     @abstractmethod
     def propose(self, taken: Set[str]) -> Config | None:
         """A feasible config whose key is not in ``taken``, or None when the strategy has none to offer."""
 
-    def withdraw(self, config: Config) -> None:
+    def withdraw(self, config: Config) -> None:  # noqa: B027 - optional hook
         """A proposal that will not be measured by this process (another tuner took it first)."""
 
 
@@ -91,8 +91,9 @@ def neighbours(space: Space, config: Config, rng: random.Random, *, changes: int
     return [c for _, _, c in out]
 
 
-def nearest_feasible(search: Search, config: Config, taken: Set[str], *, max_changes: int = 3,
-                     max_checks: int = 4000) -> Config | None:
+def nearest_feasible(
+    search: Search, config: Config, taken: Set[str], *, max_changes: int = 3, max_checks: int = 4000
+) -> Config | None:
     """The feasible, untaken config closest to ``config`` (fewest knobs changed, then smallest steps),
     looking at no more than ``max_checks`` candidates; None when none is found."""
     checked = 0

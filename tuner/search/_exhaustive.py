@@ -10,7 +10,7 @@ from ..problem import Problem
 from ..space import Config, Space, config_key
 from ._base import Search
 
-__all__ = ["ExhaustiveSearch", "GRID_LIMIT"]
+__all__ = ["GRID_LIMIT", "ExhaustiveSearch"]
 
 GRID_LIMIT = 20_000  # points of the full grid (before constraints) the exhaustive search enumerates
 

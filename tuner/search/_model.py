@@ -18,7 +18,7 @@ import numpy as np
 
 from ..space import Config, Space
 
-__all__ = ["AdditiveModel", "TREND"]
+__all__ = ["TREND", "AdditiveModel"]
 
 TREND = 0.5  # share of the last slope an ordered knob's effect continues beyond its measured values
 FAILURE_PENALTY = 0.1  # log TFLOPS below the worst measured config that a failed one counts as
@@ -77,8 +77,9 @@ class AdditiveModel:
             self._table = {}
             for k in self.knobs:
                 cols = [self.columns[(k.name, v)] for v in k.values]
-                self._table[k.name] = dict(zip(k.values, _fill(k.ordered, [float(effects[c]) for c in cols],
-                                                               [counts[c] > 0 for c in cols])))
+                self._table[k.name] = dict(
+                    zip(k.values, _fill(k.ordered, [float(effects[c]) for c in cols], [counts[c] > 0 for c in cols]))
+                )
         return self._table
 
     def predict(self, config: Config) -> float:

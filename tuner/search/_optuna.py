@@ -28,32 +28,51 @@ __all__ = ["OptunaSearch", "search_distributions"]
 
 def search_distributions(space: Space) -> dict[str, BaseDistribution]:
     """What the sampler draws per knob: an ordered knob's value index, an unordered knob's value."""
-    return {k.name: IntDistribution(0, len(k.values) - 1) if k.ordered and len(k.values) > 1
-            else CategoricalDistribution(list(k.values)) for k in space.knobs}
+    return {
+        k.name: IntDistribution(0, len(k.values) - 1)
+        if k.ordered and len(k.values) > 1
+        else CategoricalDistribution(list(k.values))
+        for k in space.knobs
+    }
 
 
 class OptunaSearch(Search):
     """See the module docstring. ``repeat_limit`` repeats in a row: the sampler has converged, and
     :meth:`propose` returns None so the tuner explores."""
 
-    def __init__(self, space: Space, problem: Problem, device: DeviceLimits, seed: int | None,
-                 sampler: optuna.samplers.BaseSampler, *, repeat_limit: int = 3) -> None:
+    def __init__(
+        self,
+        space: Space,
+        problem: Problem,
+        device: DeviceLimits,
+        seed: int | None,
+        sampler: optuna.samplers.BaseSampler,
+        *,
+        repeat_limit: int = 3,
+    ) -> None:
         super().__init__(space, problem, device, seed)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self._study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=sampler,
-                                          direction="maximize")
+        self._study = optuna.create_study(
+            storage=optuna.storages.InMemoryStorage(), sampler=sampler, direction="maximize"
+        )
         self._dists = search_distributions(space)
         self._open: dict[str, Trial] = {}  # proposals not settled yet: config key -> in-memory trial
         self.repeat_limit = repeat_limit
 
     # -- value <-> what the sampler draws ----------------------------------------------------
     def _encode(self, config: Config) -> dict[str, int]:
-        return {k.name: k.values.index(config[k.name]) if isinstance(self._dists[k.name], IntDistribution)
-                else config[k.name] for k in self.space.knobs}
+        return {
+            k.name: k.values.index(config[k.name])
+            if isinstance(self._dists[k.name], IntDistribution)
+            else config[k.name]
+            for k in self.space.knobs
+        }
 
     def _decode(self, params: dict[str, int]) -> Config:
-        return {k.name: k.values[params[k.name]] if isinstance(self._dists[k.name], IntDistribution)
-                else params[k.name] for k in self.space.knobs}
+        return {
+            k.name: k.values[params[k.name]] if isinstance(self._dists[k.name], IntDistribution) else params[k.name]
+            for k in self.space.knobs
+        }
 
     # -- Search ----------------------------------------------------------------------------
     def _learn(self, config: Config, value: float | None) -> None:
@@ -62,8 +81,11 @@ class OptunaSearch(Search):
         if trial is not None:
             self._study.tell(trial, value) if value is not None else self._study.tell(trial, state=state)
         else:
-            self._study.add_trial(optuna.trial.create_trial(params=self._encode(config), distributions=self._dists,
-                                                            value=value, state=state))
+            self._study.add_trial(
+                optuna.trial.create_trial(
+                    params=self._encode(config), distributions=self._dists, value=value, state=state
+                )
+            )
 
     def withdraw(self, config: Config) -> None:
         trial = self._open.pop(config_key(config), None)

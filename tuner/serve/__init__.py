@@ -13,5 +13,15 @@ from ._api import attention, register_torch_op, resolve_config
 from ._attention import AttentionError, clear_cache
 from ._tuned import TunedConfigs, TunedError, load_tuned, parse_tuned_json, tuned_configs
 
-__all__ = ["AttentionError", "TunedConfigs", "TunedError", "attention", "clear_cache", "load_tuned",
-           "parse_tuned_json", "register_torch_op", "resolve_config", "tuned_configs"]
+__all__ = [
+    "AttentionError",
+    "TunedConfigs",
+    "TunedError",
+    "attention",
+    "clear_cache",
+    "load_tuned",
+    "parse_tuned_json",
+    "register_torch_op",
+    "resolve_config",
+    "tuned_configs",
+]

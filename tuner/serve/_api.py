@@ -22,7 +22,7 @@ from ._tuned import TunedConfigs
 __all__ = ["attention", "register_torch_op", "resolve_config"]
 
 
-def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, head_dim: int | None = None) -> Config:
+def resolve_config(space: Space, config: Mapping[str, Any] | str | Path | None, head_dim: int | None = None) -> Config:
     """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
     exported header."""
     if config is None:
@@ -33,13 +33,23 @@ def resolve_config(space: Space, config: None | Mapping[str, Any] | str | Path, 
         return read_header(config, space)
     if isinstance(config, Mapping):
         return space.validate(config, partial=True, head_dim=head_dim)
-    raise AttentionError(f"config must be None, a dict of knob values or the path of an exported header, "
-                         f"not {type(config).__name__}")
+    raise AttentionError(
+        f"config must be None, a dict of knob values or the path of an exported header, not {type(config).__name__}"
+    )
 
 
-def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None, family: str = "sm80",
-              config: None | Mapping[str, Any] | str | Path = None, tuned: TunedConfigs | str | Path | None = None,
-              return_lse: bool = False):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    family: str = "sm80",
+    config: Mapping[str, Any] | str | Path | None = None,
+    tuned: TunedConfigs | str | Path | None = None,
+    return_lse: bool = False,
+):
     """Forward attention ``softmax(scale * Q K^T + mask) V`` with a flashtune kernel.
 
     Args:
@@ -69,8 +79,9 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
-        o, lse = torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse,
-                                 register_torch_op)
+        o, lse = torch_attention(
+            torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse, register_torch_op
+        )
     else:
         o, lse = cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
     return (o, lse) if return_lse else o

@@ -49,10 +49,14 @@ __all__ = [
     "torch_attention",
 ]
 
-FORWARD_ONLY = ("flashtune kernels are forward-only (inference and forward benchmarks): q, k or v requires grad; "
-                "call under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
-CAPTURE_FIRST_CALL = ("the first call for this shape and config compiles and loads its kernel, which cannot happen "
-                      "while a CUDA graph is being captured; make one call before capturing (a warm-up)")
+FORWARD_ONLY = (
+    "flashtune kernels are forward-only (inference and forward benchmarks): q, k or v requires grad; "
+    "call under torch.no_grad() or torch.inference_mode(), or pass detached tensors"
+)
+CAPTURE_FIRST_CALL = (
+    "the first call for this shape and config compiles and loads its kernel, which cannot happen "
+    "while a CUDA graph is being captured; make one call before capturing (a warm-up)"
+)
 _MAX_PLANS = 4096
 
 
@@ -83,8 +87,7 @@ class PlanCache:
         self.runtime: Any = None
 
     def caches(self) -> tuple[dict, ...]:
-        return (self.space_paths, self.spaces, self.header_configs, self.plans, self.limits, self.cubins,
-                self.modules)
+        return (self.space_paths, self.spaces, self.header_configs, self.plans, self.limits, self.cubins, self.modules)
 
     def clear(self) -> None:
         """Empty every cache (a kernel module stays loaded while a plan that launches it is alive)."""
@@ -123,8 +126,10 @@ def _space(space_key: tuple[str, str]) -> Space:
 def _config_key(config: Any, tuned: Any) -> tuple:
     if isinstance(config, str) and config == "auto":
         if tuned is None:
-            raise AttentionError("config='auto' needs tuned=: the .json written by `flashtune export --dispatch`, "
-                                 "a suite file or a storage URL")
+            raise AttentionError(
+                "config='auto' needs tuned=: the .json written by `flashtune export --dispatch`, "
+                "a suite file or a storage URL"
+            )
         try:
             return ("auto", tuned_configs(tuned))
         except TunedError as e:
@@ -147,8 +152,10 @@ def _config_key(config: Any, tuned: Any) -> tuple:
         except TypeError:
             raise AttentionError(f"config must map knob names to integers, got {str(dict(config))[:200]}") from None
         return ("knobs", items)
-    raise AttentionError(f"config must be None, 'auto', a dict of knob values or the path of an exported header, "
-                         f"not {type(config).__name__}")
+    raise AttentionError(
+        f"config must be None, 'auto', a dict of knob values or the path of an exported header, "
+        f"not {type(config).__name__}"
+    )
 
 
 def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, problem: Problem) -> Config:
@@ -269,14 +276,21 @@ def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:
         raise AttentionError(f"k and v must match q in batch and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
     batch, seqlen_q, heads_q, head_dim = (int(s) for s in q.shape)
     try:
-        return Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=int(k.shape[1]), heads_q=heads_q,
-                       heads_kv=int(k.shape[2]), head_dim=head_dim, dtype=dtypes[0], causal=bool(causal))
+        return Problem(
+            batch=batch,
+            seqlen_q=seqlen_q,
+            seqlen_k=int(k.shape[1]),
+            heads_q=heads_q,
+            heads_kv=int(k.shape[2]),
+            head_dim=head_dim,
+            dtype=dtypes[0],
+            causal=bool(causal),
+        )
     except FlashtuneError as e:
         raise AttentionError(str(e)) from None
 
 
-def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool, device_id: int,
-                capturing) -> _Plan:
+def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool, device_id: int, capturing) -> _Plan:
     """Validate everything about the call and build its plan (the slow path: once per key)."""
     space_key, config_key = key[0], key[1]
     with _cache.lock:
@@ -302,15 +316,28 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
             if reason:
                 raise AttentionError(f"config {chosen} cannot run this problem on {device.name}: {reason}")
             geometry = space.launch(chosen, problem, device)
-            kernel = Kernel(_load_function(space, chosen, problem, device, device_id), abi=space.family.abi,
-                            grid=geometry.grid, threads=geometry.threads, smem_bytes=geometry.smem_bytes,
-                            config=chosen, abi_params=geometry.abi)
+            kernel = Kernel(
+                _load_function(space, chosen, problem, device, device_id),
+                abi=space.family.abi,
+                grid=geometry.grid,
+                threads=geometry.threads,
+                smem_bytes=geometry.smem_bytes,
+                config=chosen,
+                abi_params=geometry.abi,
+            )
             p = problem
             launcher = kernel.launcher(p)
             context = _current_context()
-        plan = _Plan(launcher=launcher, device=device_id, context=context, lse_shape=(p.batch, p.heads_q, p.seqlen_q),
-                     o_strides=(p.seqlen_q * p.heads_q * p.head_dim, p.heads_q * p.head_dim, p.head_dim),
-                     default_scale=1.0 / math.sqrt(p.head_dim), config=chosen, problem=problem)
+        plan = _Plan(
+            launcher=launcher,
+            device=device_id,
+            context=context,
+            lse_shape=(p.batch, p.heads_q, p.seqlen_q),
+            o_strides=(p.seqlen_q * p.heads_q * p.head_dim, p.heads_q * p.head_dim, p.head_dim),
+            default_scale=1.0 / math.sqrt(p.head_dim),
+            config=chosen,
+            problem=problem,
+        )
         plans = _cache.plans
         if len(plans) >= _MAX_PLANS:
             for old in list(plans)[: _MAX_PLANS // 2]:  # the oldest half
@@ -346,16 +373,35 @@ def _torch_operand(torch, x):
     """(tensor the kernel can read, operand): a copy on the caller's stream when the kernel cannot address it."""
     stride = x.stride()
     ptr = x.data_ptr()
-    if (ptr % 16 or stride[3] != 1 or stride[0] % 8 or stride[1] % 8 or stride[2] % 8
-            or stride[0] <= 0 or stride[1] <= 0 or stride[2] <= 0):  # 16-bit elements: 16-byte multiples
+    if (
+        ptr % 16
+        or stride[3] != 1
+        or stride[0] % 8
+        or stride[1] % 8
+        or stride[2] % 8
+        or stride[0] <= 0
+        or stride[1] <= 0
+        or stride[2] <= 0
+    ):  # 16-bit elements: 16-byte multiples
         x = x.clone(memory_format=torch.contiguous_format)
         stride = x.stride()
         ptr = x.data_ptr()
     return x, (ptr, stride[0], stride[1], stride[2])
 
 
-def torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config, tuned, want_lse: bool = True,
-                    on_new_plan: Callable[[], object] | None = None):
+def torch_attention(
+    torch,
+    q,
+    k,
+    v,
+    causal: bool,
+    softmax_scale,
+    family,
+    config,
+    tuned,
+    want_lse: bool = True,
+    on_new_plan: Callable[[], object] | None = None,
+):
     """``tuner.attention`` on PyTorch tensors: (O, LSE or None). ``on_new_plan`` is called before a plan is
     built (``tuner.attention`` registers the PyTorch operator with it)."""
     tensor = torch.Tensor
@@ -364,8 +410,20 @@ def torch_attention(torch, q, k, v, causal: bool, softmax_scale, family, config,
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise AttentionError(FORWARD_ONLY)
     device = _torch_device(q)
-    key = (_space_key(family), _config_key(config, tuned), device, _torch_device(k), _torch_device(v),
-           q.dtype, k.dtype, v.dtype, q.shape, k.shape, v.shape, causal)
+    key = (
+        _space_key(family),
+        _config_key(config, tuned),
+        device,
+        _torch_device(k),
+        _torch_device(v),
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.shape,
+        k.shape,
+        v.shape,
+        causal,
+    )
     plan = _cache.plans.get(key)
     if plan is None:
         if on_new_plan is not None:
@@ -404,8 +462,16 @@ def _cupy_operand(x):
     """(array the kernel can read, operand): a fresh C-contiguous copy when the kernel cannot address it."""
     strides = x.strides
     ptr = x.data.ptr
-    if (ptr % 16 or strides[3] != 2 or strides[0] % 16 or strides[1] % 16 or strides[2] % 16
-            or strides[0] <= 0 or strides[1] <= 0 or strides[2] <= 0):
+    if (
+        ptr % 16
+        or strides[3] != 2
+        or strides[0] % 16
+        or strides[1] % 16
+        or strides[2] % 16
+        or strides[0] <= 0
+        or strides[1] <= 0
+        or strides[2] <= 0
+    ):
         x = x.copy()  # ascontiguousarray keeps a contiguous misaligned array as it is
         strides = x.strides
         ptr = x.data.ptr
@@ -422,16 +488,29 @@ def cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, 
             raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
         raise AttentionError(f"inputs must be CuPy arrays or PyTorch tensors, got {type(q).__name__}")
     device = q.device.id
-    key = (_space_key(family), _config_key(config, tuned), device, k.device.id, v.device.id, q.dtype, k.dtype,
-           v.dtype, q.shape, k.shape, v.shape, causal)
+    key = (
+        _space_key(family),
+        _config_key(config, tuned),
+        device,
+        k.device.id,
+        v.device.id,
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.shape,
+        k.shape,
+        v.shape,
+        causal,
+    )
     with cupy.cuda.Device(device):
         plan = _cache.plans.get(key)
         if plan is None:
             if not device == key[3] == key[4]:
                 raise AttentionError(f"q, k and v must be on one device, got {device}, {key[3]} and {key[4]}")
             dtypes = (_cupy_dtype(cupy, q), _cupy_dtype(cupy, k), _cupy_dtype(cupy, v))
-            plan = _build_plan(key, q, k, v, dtypes, causal, device,
-                               lambda: cupy.cuda.get_current_stream().is_capturing())
+            plan = _build_plan(
+                key, q, k, v, dtypes, causal, device, lambda: cupy.cuda.get_current_stream().is_capturing()
+            )
         q, qa = _cupy_operand(q if q.dtype == cupy.float16 else q.view(cupy.uint16))
         k, ka = _cupy_operand(k if k.dtype == cupy.float16 else k.view(cupy.uint16))
         v, va = _cupy_operand(v if v.dtype == cupy.float16 else v.view(cupy.uint16))
@@ -442,6 +521,5 @@ def cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, 
             if not want_lse and not cupy.cuda.get_current_stream().is_capturing():
                 plan.scratch_lse["cupy"] = lse
         scale = plan.default_scale if softmax_scale is None else float(softmax_scale)
-        plan.launch(cupy.cuda.get_current_stream().ptr, qa, ka, va, (o.data.ptr, *plan.o_strides), lse.data.ptr,
-                    scale)
+        plan.launch(cupy.cuda.get_current_stream().ptr, qa, ka, va, (o.data.ptr, *plan.o_strides), lse.data.ptr, scale)
     return o, (lse if want_lse else None)

@@ -38,17 +38,25 @@ __all__ = ["attention", "trace_as_operator"]
 _DTYPES = tuple(getattr(torch, d.torch_name) for d in DTYPES.values())
 
 
-def _run(q, k, v, causal: bool, softmax_scale: float | None, family: str, config: str | None,
-         tuned: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    q, k, v, causal: bool, softmax_scale: float | None, family: str, config: str | None, tuned: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The real computation: :func:`tuner.attention` on tensors (a module-level name, so tests can stand in for
     the GPU)."""
     return torch_attention(torch, q, k, v, bool(causal), softmax_scale, family, config, tuned, want_lse=True)
 
 
 @torch.library.custom_op("flashtune::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              softmax_scale: float | None = None, family: str = "sm80", config: str | None = None,
-              tuned: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    family: str = "sm80",
+    config: str | None = None,
+    tuned: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention; (O, LSE). See :func:`tuner.attention`."""
     return _run(q, k, v, causal, softmax_scale, family, config, tuned)
 
@@ -68,8 +76,7 @@ def _attention_fake(q, k, v, causal=False, softmax_scale=None, family="sm80", co
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise AttentionError(f"k and v must match q in batch and head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if q.shape[2] % k.shape[2] != 0:
-        raise AttentionError(f"heads_kv ({k.shape[2]}) must divide heads_q ({q.shape[2]}) for grouped-query "
-                             "attention")
+        raise AttentionError(f"heads_kv ({k.shape[2]}) must divide heads_q ({q.shape[2]}) for grouped-query attention")
     batch, seqlen_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
@@ -90,15 +97,19 @@ def _text(value, what: str) -> str | None:
         return value
     if isinstance(value, os.PathLike):
         return os.fspath(value)
-    raise AttentionError(f"inside torch.compile, {what} must be None or a string (a path, 'auto', a URL): the "
-                         f"operator's schema takes strings, not {type(value).__name__}")
+    raise AttentionError(
+        f"inside torch.compile, {what} must be None or a string (a path, 'auto', a URL): the "
+        f"operator's schema takes strings, not {type(value).__name__}"
+    )
 
 
-def _attention_traced(q, k, v, *, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None,
-                      return_lse=False):
+def _attention_traced(
+    q, k, v, *, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None, return_lse=False
+):
     """What Dynamo traces in place of :func:`tuner.attention` on tensors: the operator."""
-    o, lse = torch.ops.flashtune.attention(q, k, v, bool(causal), softmax_scale, _text(family, "family"),
-                                           _text(config, "config"), _text(tuned, "tuned"))
+    o, lse = torch.ops.flashtune.attention(
+        q, k, v, bool(causal), softmax_scale, _text(family, "family"), _text(config, "config"), _text(tuned, "tuned")
+    )
     return (o, lse) if return_lse else o
 
 

@@ -58,14 +58,18 @@ class TunedConfigs:
             return space.defaults(problem.head_dim)
         knobs = tuple(k.name for k in space.knobs)
         if table.knobs != knobs:
-            raise TunedError(f"{self.source}: its {space.name} configs have knobs {', '.join(table.knobs)}, today's "
-                             f"space file has {', '.join(knobs)}; export the dispatch header and JSON again")
+            raise TunedError(
+                f"{self.source}: its {space.name} configs have knobs {', '.join(table.knobs)}, today's "
+                f"space file has {', '.join(knobs)}; export the dispatch header and JSON again"
+            )
         config = table.select(problem.dtype, problem.head_dim, bool(problem.causal), problem.seqlen_q)
         try:
             return space.validate(config)
         except ConfigError as e:
-            raise TunedError(f"{self.source}: a tuned {space.name} config no longer fits the space ({e}); export "
-                             "the dispatch header and JSON again") from None
+            raise TunedError(
+                f"{self.source}: a tuned {space.name} config no longer fits the space ({e}); export "
+                "the dispatch header and JSON again"
+            ) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -79,11 +83,15 @@ def parse_tuned_json(text: str | bytes, where: str) -> TunedConfigs:
     except TunedError as e:
         raise TunedError(f"{where}: {e}") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise TunedError(f"{where} is not a dispatch JSON written by `flashtune export --dispatch`: "
-                         f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__}") from None
+        raise TunedError(
+            f"{where} is not a dispatch JSON written by `flashtune export --dispatch`: "
+            f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__}"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
-        raise TunedError(f"{where} is not a dispatch JSON written by `flashtune export --dispatch` (its format is "
-                         f"not {JSON_FORMAT!r})")
+        raise TunedError(
+            f"{where} is not a dispatch JSON written by `flashtune export --dispatch` (its format is "
+            f"not {JSON_FORMAT!r})"
+        )
     families = data.get("families")
     if not isinstance(families, list):
         raise TunedError(f"{where}: families must be a list")
@@ -95,8 +103,12 @@ def parse_tuned_json(text: str | bytes, where: str) -> TunedConfigs:
         raise TunedError(f"{where}: a family appears twice")
     gpu = data.get("gpu", "")
     not_covered = data.get("not_covered", [])
-    return TunedConfigs(tables={t.family: t for t in tables}, source=where, gpu=gpu if isinstance(gpu, str) else "",
-                        not_covered=tuple(str(n) for n in not_covered) if isinstance(not_covered, list) else ())
+    return TunedConfigs(
+        tables={t.family: t for t in tables},
+        source=where,
+        gpu=gpu if isinstance(gpu, str) else "",
+        not_covered=tuple(str(n) for n in not_covered) if isinstance(not_covered, list) else (),
+    )
 
 
 # -- sources ----------------------------------------------------------------------------------------
@@ -115,8 +127,10 @@ def load_tuned(source: str | os.PathLike, *, pattern: str | None = None) -> Tune
         return _from_storage(None, suite_path=text, pattern=pattern)
     if "://" in text:
         return _from_storage(text, suite_path=None, pattern=pattern or "*")
-    raise TunedError(f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
-                     "(.toml) or a storage URL")
+    raise TunedError(
+        f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
+        "(.toml) or a storage URL"
+    )
 
 
 def _from_storage(storage_url: str | None, *, suite_path: str | None, pattern: str | None) -> TunedConfigs:
@@ -126,9 +140,12 @@ def _from_storage(storage_url: str | None, *, suite_path: str | None, pattern: s
         selection = collect_dispatch(storage_url, pattern=pattern, suite_path=suite_path, log=io.StringIO())
     except FlashtuneError as e:
         raise TunedError(str(e)) from None
-    return TunedConfigs(tables={f.space.name: f.table() for f in selection.families},
-                        source=suite_path or selection.masked_url, gpu=selection.gpu,
-                        not_covered=tuple(selection.not_covered))
+    return TunedConfigs(
+        tables={f.space.name: f.table() for f in selection.families},
+        source=suite_path or selection.masked_url,
+        gpu=selection.gpu,
+        not_covered=tuple(selection.not_covered),
+    )
 
 
 _SERVER_ONCE: dict[str, TunedConfigs] = {}
@@ -145,7 +162,7 @@ def _sqlite_file(url: str) -> str | None:
 
         try:
             parsed = make_url(url)
-        except Exception:  # noqa: BLE001 - an unparsable URL is reported when the storage is opened
+        except Exception:
             return None
         database = parsed.database
         sqlite = parsed.get_backend_name() == "sqlite" and database and database != ":memory:"
@@ -188,8 +205,10 @@ def _token(text: str, pattern: str | None) -> tuple:
         return ("suite", text, digest, url, _sqlite_signature(url))
     if "://" in text:
         return ("storage", text, pattern, _sqlite_signature(text))
-    raise TunedError(f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
-                     "(.toml) or a storage URL")
+    raise TunedError(
+        f"tuned={text[:200]!r}: give the .json written by `flashtune export --dispatch`, a suite file "
+        "(.toml) or a storage URL"
+    )
 
 
 def tuned_configs(source: TunedConfigs | str | os.PathLike) -> TunedConfigs:

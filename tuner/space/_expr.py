@@ -115,10 +115,15 @@ def compile_expr(text: str) -> Expr:
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             exponent = node.right
-            if not (isinstance(exponent, ast.Constant) and isinstance(exponent.value, int)
-                    and 0 <= exponent.value <= MAX_EXPONENT):
-                raise ExprError(f"{text!r}: the exponent of ** must be an integer literal from 0 to {MAX_EXPONENT} "
-                                "(write 2 ** 10, or shift with multiplication)")
+            if not (
+                isinstance(exponent, ast.Constant)
+                and isinstance(exponent.value, int)
+                and 0 <= exponent.value <= MAX_EXPONENT
+            ):
+                raise ExprError(
+                    f"{text!r}: the exponent of ** must be an integer literal from 0 to {MAX_EXPONENT} "
+                    "(write 2 ** 10, or shift with multiplication)"
+                )
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
                 raise ExprError(f"{text!r}: only {sorted(FUNCTIONS)} may be called")
@@ -131,12 +136,25 @@ def compile_expr(text: str) -> Expr:
             if not isinstance(node.value, (int, bool)):
                 raise ExprError(f"{text!r}: only integer constants are allowed, got {node.value!r:.40}")
             if abs(node.value) > MAX_VALUE:
-                raise ExprError(f"{text[:60]!r}: a constant of {int(node.value).bit_length()} bits exceeds a "
-                                "64-bit integer")
+                raise ExprError(
+                    f"{text[:60]!r}: a constant of {int(node.value).bit_length()} bits exceeds a 64-bit integer"
+                )
         elif not isinstance(
             node,
-            (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Load,
-             ast.And, ast.Or, *_BINARY, *_COMPARE, *_UNARY),
+            (
+                ast.Expression,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.BoolOp,
+                ast.Compare,
+                ast.IfExp,
+                ast.Load,
+                ast.And,
+                ast.Or,
+                *_BINARY,
+                *_COMPARE,
+                *_UNARY,
+            ),
         ):
             raise ExprError(f"{text!r}: {type(node).__name__} is not allowed")
     return Expr(text=text.strip(), names=frozenset(names), _tree=tree)

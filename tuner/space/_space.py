@@ -168,7 +168,9 @@ class Space:
         """
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
-            raise ConfigError(f"{self.name}: unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(self._by_name)}")
+            raise ConfigError(
+                f"{self.name}: unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(self._by_name)}"
+            )
         out: Config = {}
         for k in self.knobs:
             if k.name not in config:
@@ -206,8 +208,10 @@ class Space:
         A family built with an arch suffix (``90a``: wgmma, setmaxnreg) runs on that arch only.
         """
         if self.family.arch_suffix and arch != self.family.min_arch:
-            return (f"{self.name} is built for sm_{self.family.min_arch}{self.family.arch_suffix} only "
-                    f"(arch-specific instructions); the device is sm_{arch}")
+            return (
+                f"{self.name} is built for sm_{self.family.min_arch}{self.family.arch_suffix} only "
+                f"(arch-specific instructions); the device is sm_{arch}"
+            )
         if arch < self.family.min_arch:
             return f"{self.name} needs sm_{self.family.min_arch} or newer, the device is sm_{arch}"
         return None
@@ -298,8 +302,10 @@ def load_space(name_or_path: str | Path) -> Space:
         name = str(name_or_path)
         path = SEARCH_SPACES / f"{name}.toml"
         if not _NAME.fullmatch(name) or not path.is_file():
-            raise SpaceError(f"unknown kernel family {printable(name, 80)!r}; available: "
-                             f"{', '.join(available_families()) or 'none'} (or give a space file's path, *.toml)")
+            raise SpaceError(
+                f"unknown kernel family {printable(name, 80)!r}; available: "
+                f"{', '.join(available_families()) or 'none'} (or give a space file's path, *.toml)"
+            )
     shown = printable(path, 200)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -326,8 +332,10 @@ def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str
     out = []
     for key, value in table.items():
         if not re.fullmatch(r"[0-9]{1,5}", key) or int(key) not in family.head_dims:
-            raise SpaceError(f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
-                             f"{list(family.head_dims)}")
+            raise SpaceError(
+                f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
+                f"{list(family.head_dims)}"
+            )
         if isinstance(value, bool) or value not in values:
             raise SpaceError(f"{where}: default_by_head_dim {key} = {value!r} is not one of the values {values}")
         out.append((int(key), int(value)))
@@ -365,34 +373,61 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     knob_tables = _table(data, "knobs", where)
     if not knob_tables:
         raise SpaceError(f"{where}: [knobs] declares no knob")
-    knobs = [_parse_knob(name, entry, f"{where} [knobs.{name}]", family, known, macros)
-             for name, entry in knob_tables.items()]
-    derived = [_parse_derived(name, entry, f"{where} [derived.{name}]", known, macros)
-               for name, entry in _table(data, "derived", where, required=False).items()]
-    constraints = [_parse_constraint(name, entry, f"{where} [constraints.{name}]", known)
-                   for name, entry in _table(data, "constraints", where, required=False).items()]
+    knobs = [
+        _parse_knob(name, entry, f"{where} [knobs.{name}]", family, known, macros)
+        for name, entry in knob_tables.items()
+    ]
+    derived = [
+        _parse_derived(name, entry, f"{where} [derived.{name}]", known, macros)
+        for name, entry in _table(data, "derived", where, required=False).items()
+    ]
+    constraints = [
+        _parse_constraint(name, entry, f"{where} [constraints.{name}]", known)
+        for name, entry in _table(data, "constraints", where, required=False).items()
+    ]
     threads, smem_bytes, grid, launch_abi = _parse_launch(_table(data, "launch", where), where, known)
-    _check_macros_are_read(family, [(f"[knobs.{k.name}]", k.macro) for k in knobs]
-                           + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro], where)
-    return Space(family=family, knobs=tuple(knobs), derived=tuple(derived), constraints=tuple(constraints),
-                 launch_threads=threads, launch_smem_bytes=smem_bytes, launch_grid=grid, path=path,
-                 launch_abi=launch_abi)
+    _check_macros_are_read(
+        family,
+        [(f"[knobs.{k.name}]", k.macro) for k in knobs]
+        + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro],
+        where,
+    )
+    return Space(
+        family=family,
+        knobs=tuple(knobs),
+        derived=tuple(derived),
+        constraints=tuple(constraints),
+        launch_threads=threads,
+        launch_smem_bytes=smem_bytes,
+        launch_grid=grid,
+        path=path,
+        launch_abi=launch_abi,
+    )
 
 
 def _parse_family(fam: dict[str, Any], path: Path) -> Family:
     """``[family]``: names, sources, entry, ABI, arch, head dims and dtypes, each checked."""
     where = str(path)
-    _keys(fam, f"{where} [family]", {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
-          {"description", "arch_suffix"})
+    _keys(
+        fam,
+        f"{where} [family]",
+        {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
+        {"description", "arch_suffix"},
+    )
     if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]):
-        raise SpaceError(f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
-                         "namespaces and study names)")
+        raise SpaceError(
+            f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
+            "namespaces and study names)"
+        )
     if fam["name"] != path.stem:
         raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
     for key in ("source", "config_header"):
         _check_source(fam[key], f"{where}: [family] {key}")
-    for key, pattern, what in (("entry", _C_IDENT, "a C identifier"), ("abi", _NAME, "lower_snake_case"),
-                               ("arch_suffix", _ARCH_SUFFIX, "empty or up to two lower-case letters, e.g. \"a\"")):
+    for key, pattern, what in (
+        ("entry", _C_IDENT, "a C identifier"),
+        ("abi", _NAME, "lower_snake_case"),
+        ("arch_suffix", _ARCH_SUFFIX, 'empty or up to two lower-case letters, e.g. "a"'),
+    ):
         value = fam.get(key, "")
         if not isinstance(value, str) or not pattern.fullmatch(value):
             raise SpaceError(f"{where}: [family] {key} {value!r:.80} must be {what}")
@@ -400,20 +435,35 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
         raise SpaceError(f"{where}: [family] description must be a string")
     min_arch = fam["min_arch"]
     if isinstance(min_arch, bool) or not isinstance(min_arch, int) or not 10 <= min_arch <= 1000:
-        raise SpaceError(f"{where}: [family] min_arch must be a compute capability times ten (80, 90), "
-                         f"got {min_arch!r:.40}")
+        raise SpaceError(
+            f"{where}: [family] min_arch must be a compute capability times ten (80, 90), got {min_arch!r:.40}"
+        )
     dtypes = fam["dtypes"]
-    if (not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes)
-            or set(dtypes) - set(DTYPES)):
+    if (
+        not isinstance(dtypes, list)
+        or not dtypes
+        or not all(isinstance(d, str) for d in dtypes)
+        or set(dtypes) - set(DTYPES)
+    ):
         raise SpaceError(f"{where}: [family] dtypes must be a non-empty subset of {sorted(DTYPES)}")
     head_dims = fam["head_dims"]
-    if (not isinstance(head_dims, list) or not head_dims
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)):
+    if (
+        not isinstance(head_dims, list)
+        or not head_dims
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)
+    ):
         raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers (up to 1024)")
     return Family(
-        name=fam["name"], description=fam.get("description", ""), source=fam["source"],
-        config_header=fam["config_header"], entry=fam["entry"], abi=fam["abi"], min_arch=int(fam["min_arch"]),
-        arch_suffix=fam.get("arch_suffix", ""), head_dims=tuple(head_dims), dtypes=tuple(dtypes),
+        name=fam["name"],
+        description=fam.get("description", ""),
+        source=fam["source"],
+        config_header=fam["config_header"],
+        entry=fam["entry"],
+        abi=fam["abi"],
+        min_arch=int(fam["min_arch"]),
+        arch_suffix=fam.get("arch_suffix", ""),
+        head_dims=tuple(head_dims),
+        dtypes=tuple(dtypes),
     )
 
 
@@ -440,8 +490,9 @@ def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str],
     if not isinstance(ordered, bool):
         raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
     known.add(name)
-    return Knob(name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"],
-                by_head_dim, ordered)
+    return Knob(
+        name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"], by_head_dim, ordered
+    )
 
 
 def _parse_derived(name: str, entry: Any, kw: str, known: set[str], macros: set[str]) -> Derived:
@@ -467,8 +518,9 @@ def _parse_constraint(name: str, entry: Any, kw: str, known: set[str]) -> Constr
     return Constraint(name, expr, entry["message"])
 
 
-def _parse_launch(launch: dict[str, Any], where: str,
-                  known: set[str]) -> tuple[Expr, Expr, tuple[Expr, Expr, Expr], tuple[tuple[str, Expr], ...]]:
+def _parse_launch(
+    launch: dict[str, Any], where: str, known: set[str]
+) -> tuple[Expr, Expr, tuple[Expr, Expr, Expr], tuple[tuple[str, Expr], ...]]:
     """``[launch]``: (threads, smem_bytes, grid, ``[launch.abi]`` entries), as expressions."""
     kw = f"{where} [launch]"
     _keys(launch, kw, {"threads", "smem_bytes", "grid"}, {"abi"})
@@ -498,8 +550,10 @@ def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
     if not isinstance(macro, str) or not _MACRO.fullmatch(macro):
         raise SpaceError(f"{where}: macro {macro!r:.80} must look like FT_UPPER_CASE")
     if macro in PROBLEM_MACROS | DEVICE_MACROS:
-        raise SpaceError(f"{where}: macro {macro} is reserved: every build gets it from the problem or the device; "
-                         "name the knob's macro differently")
+        raise SpaceError(
+            f"{where}: macro {macro} is reserved: every build gets it from the problem or the device; "
+            "name the knob's macro differently"
+        )
     if macro in macros:
         raise SpaceError(f"{where}: macro {macro} is used twice")
     macros.add(macro)
@@ -508,8 +562,9 @@ def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
 def _check_source(value: Any, where: str) -> None:
     """A kernel source path: relative, inside kernel_src/ (no "..", no link out of it), an existing file."""
     if not isinstance(value, str) or not _SOURCE.fullmatch(value) or ".." in value.split("/"):
-        raise SpaceError(f"{where} {value!r:.120} must be a relative path inside kernel_src/ (letters, digits, "
-                         "_ . - and /; no '..')")
+        raise SpaceError(
+            f"{where} {value!r:.120} must be a relative path inside kernel_src/ (letters, digits, _ . - and /; no '..')"
+        )
     path = (KERNEL_SRC / value).resolve()
     if not path.is_relative_to(KERNEL_SRC.resolve()) or not path.is_file():
         raise SpaceError(f"{where} {value!r} is not a file under {KERNEL_SRC}")
@@ -546,9 +601,11 @@ def _check_macros_are_read(family: Family, declared: list[tuple[str, str]], wher
     read = set(_MACRO_TOKEN.findall(_kernel_text(family)))
     for entry, macro in declared:
         if macro not in read:
-            raise SpaceError(f"{where} {entry}: macro {macro} is never read by the {family.name} kernel "
-                             f"(kernel_src/{family.source} and what it includes); use the name "
-                             f"kernel_src/{family.config_header} reads, or add it there")
+            raise SpaceError(
+                f"{where} {entry}: macro {macro} is never read by the {family.name} kernel "
+                f"(kernel_src/{family.source} and what it includes); use the name "
+                f"kernel_src/{family.config_header} reads, or add it there"
+            )
 
 
 def _expr(text: Any, where: str, known: set[str]) -> Expr:
@@ -558,8 +615,10 @@ def _expr(text: Any, where: str, known: set[str]) -> Expr:
         raise SpaceError(f"{where}: {e}") from None
     missing = sorted(expr.names - known)
     if missing:
-        raise SpaceError(f"{where}: {text!r} uses unknown name(s) {', '.join(missing)} "
-                         "(knobs and derived values must be declared before use)")
+        raise SpaceError(
+            f"{where}: {text!r} uses unknown name(s) {', '.join(missing)} "
+            "(knobs and derived values must be declared before use)"
+        )
     return expr
 
 
@@ -572,5 +631,7 @@ def _check_message(message: Any, where: str, known: set[str]) -> None:
     try:  # the values are integers: a field like {} or {x:q} would only fail once a config violates it
         message.format(**{name: 0 for name in known})
     except (IndexError, KeyError, ValueError) as e:
-        raise SpaceError(f"{where}: message {message!r} is not a valid format string for integer values ({e}); "
-                         "write names as {name}") from None
+        raise SpaceError(
+            f"{where}: message {message!r} is not a valid format string for integer values ({e}); "
+            "write names as {name}"
+        ) from None

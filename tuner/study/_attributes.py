@@ -26,9 +26,28 @@ from __future__ import annotations
 from ..outcome import STATUS_ATTR
 
 __all__ = [
-    "COMPILE", "CONFIG_KEY", "DUPLICATE_OF", "EXPLORATION", "FAMILY", "GPU", "IS_DEFAULT", "MADE_BY", "MEASUREMENT",
-    "OWNER", "PROBLEM", "REASON", "REQUEUED_FROM", "REQUEUE_COUNT", "REQUEUE_REASON", "RESOURCES", "RUN",
-    "SPACE_DIGEST", "STATUS", "THROUGHPUT_PREFIX", "WARM_START", "WINNER",
+    "COMPILE",
+    "CONFIG_KEY",
+    "DUPLICATE_OF",
+    "EXPLORATION",
+    "FAMILY",
+    "GPU",
+    "IS_DEFAULT",
+    "MADE_BY",
+    "MEASUREMENT",
+    "OWNER",
+    "PROBLEM",
+    "REASON",
+    "REQUEUED_FROM",
+    "REQUEUE_COUNT",
+    "REQUEUE_REASON",
+    "RESOURCES",
+    "RUN",
+    "SPACE_DIGEST",
+    "STATUS",
+    "THROUGHPUT_PREFIX",
+    "WARM_START",
+    "WINNER",
 ]
 
 # -- study user attributes -------------------------------------------------------------------

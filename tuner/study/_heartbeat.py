@@ -34,8 +34,16 @@ from ._attributes import EXPLORATION, IS_DEFAULT, OWNER, REASON, REQUEUE_COUNT, 
 from ._meta import StudyError, StudyMeta, TrialStatus
 from ._optuna_storage import enqueued_config, flashtune_storage, study_id_of, study_storage, trial_id_of
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "GRACE_PERIOD_S", "MAX_REQUEUES", "Heartbeat", "owner_alive", "recover_stale",
-           "requeue_stale", "this_process"]
+__all__ = [
+    "GRACE_PERIOD_S",
+    "HEARTBEAT_INTERVAL_S",
+    "MAX_REQUEUES",
+    "Heartbeat",
+    "owner_alive",
+    "recover_stale",
+    "requeue_stale",
+    "this_process",
+]
 
 
 def _seconds_from_env(name: str, default: int) -> int:
@@ -48,8 +56,7 @@ def _seconds_from_env(name: str, default: int) -> int:
     except (ValueError, OverflowError):  # "soon", "nan", "inf"
         value = 0
     if not 1 <= value <= 86400:
-        warnings.warn(f"{name}={text!r} is not a positive number of seconds; using {default}",
-                      stacklevel=2)
+        warnings.warn(f"{name}={text!r} is not a positive number of seconds; using {default}", stacklevel=2)
         return default
     return value
 
@@ -116,12 +123,16 @@ def requeue_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     params = trial.params if _all_knobs_drawn(study, trial.params) else enqueued_config(trial)
     if count >= MAX_REQUEUES or not params or not _all_knobs_drawn(study, params):
         return  # a config that keeps killing its worker, or a sampled trial cut short while drawing: the sampler goes on
-    study.enqueue_trial(dict(params), user_attrs={
-        REQUEUED_FROM: trial.number,
-        REQUEUE_COUNT: count + 1,
-        REQUEUE_REASON: f"trial {trial.number} lost its worker (no heartbeat for {GRACE_PERIOD_S} s)",
-        **{k: v for k, v in trial.user_attrs.items() if k in (IS_DEFAULT, EXPLORATION)},
-    }, skip_if_exists=False)
+    study.enqueue_trial(
+        dict(params),
+        user_attrs={
+            REQUEUED_FROM: trial.number,
+            REQUEUE_COUNT: count + 1,
+            REQUEUE_REASON: f"trial {trial.number} lost its worker (no heartbeat for {GRACE_PERIOD_S} s)",
+            **{k: v for k, v in trial.user_attrs.items() if k in (IS_DEFAULT, EXPLORATION)},
+        },
+        skip_if_exists=False,
+    )
 
 
 def _all_knobs_drawn(study: optuna.Study, params: dict | None) -> bool:
@@ -189,8 +200,9 @@ def recover_stale(study: optuna.Study, knobs: frozenset[str] = frozenset()) -> i
         too_young = t.datetime_start is None or t.datetime_start >= cutoff
         if drawn or too_young or not _may_fail(t, None):
             continue
-        if _fail(study, t, {STATUS: TrialStatus.ORPHANED.value,
-                            REASON: "its tuner stopped while asking for parameters"}):
+        if _fail(
+            study, t, {STATUS: TrialStatus.ORPHANED.value, REASON: "its tuner stopped while asking for parameters"}
+        ):
             failed += 1
     return failed
 
@@ -231,7 +243,7 @@ class Heartbeat:
             self.storage.set_trial_system_attr(trial_id, OWNER, this_process())
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another tuner failed it already: the tuning loop finds out when it draws or stores
-        except Exception:  # noqa: BLE001 - the beat below is what recovery needs most
+        except Exception:
             self.errors += 1
         self._beat(trial_id)
 
@@ -244,7 +256,7 @@ class Heartbeat:
             return
         try:
             self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a missed beat is retried; a long outage makes the trial stale
+        except Exception:
             self.errors += 1
 
     def _run(self) -> None:

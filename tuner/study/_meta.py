@@ -27,8 +27,19 @@ from ..outcome import Status
 from ..problem import Problem, ProblemError
 from ..space import Config, ConfigError, Space, SpaceError, config_key, load_space
 from ..text import printable
-from ._attributes import (DUPLICATE_OF, FAMILY, GPU, IS_DEFAULT, MADE_BY, MEASUREMENT, PROBLEM, RUN, SPACE_DIGEST,
-                          STATUS, WINNER)
+from ._attributes import (
+    DUPLICATE_OF,
+    FAMILY,
+    GPU,
+    IS_DEFAULT,
+    MADE_BY,
+    MEASUREMENT,
+    PROBLEM,
+    RUN,
+    SPACE_DIGEST,
+    STATUS,
+    WINNER,
+)
 from ._secrets import mask_url
 
 __all__ = [
@@ -68,16 +79,21 @@ TrialStatus = Status
 
 
 #: statuses of trials that were refused or failed (every status but ok, interrupted and orphaned)
-INFEASIBLE_STATUSES = tuple(s.value for s in TrialStatus
-                            if s not in (TrialStatus.OK, TrialStatus.INTERRUPTED, TrialStatus.ORPHANED))
+INFEASIBLE_STATUSES = tuple(
+    s.value for s in TrialStatus if s not in (TrialStatus.OK, TrialStatus.INTERRUPTED, TrialStatus.ORPHANED)
+)
 
 
 def is_evaluated(trial: FrozenTrial) -> bool:
     """Whether a trial counts against the budget: finished (COMPLETE or PRUNED) with a status other than
     infeasible (a status this version does not know counts too), and not a duplicate proposal."""
     status = trial.user_attrs.get(STATUS)
-    return (trial.state in (TrialState.COMPLETE, TrialState.PRUNED) and status is not None
-            and status != TrialStatus.INFEASIBLE and DUPLICATE_OF not in trial.user_attrs)
+    return (
+        trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and status is not None
+        and status != TrialStatus.INFEASIBLE
+        and DUPLICATE_OF not in trial.user_attrs
+    )
 
 
 class StudyError(FlashtuneError, RuntimeError, ValueError):
@@ -131,11 +147,15 @@ class StudyMeta:
         if isinstance(schema, bool) or not isinstance(schema, int):
             raise StudyError(f"study {shown!r} stores a malformed flashtune schema ({schema!r:.40})")
         if schema > SCHEMA_VERSION:
-            raise StudyError(f"study {shown!r} was written by flashtune {version} (schema {schema}); this is "
-                             f"{__version__} (schema {SCHEMA_VERSION}): upgrade flashtune")
+            raise StudyError(
+                f"study {shown!r} was written by flashtune {version} (schema {schema}); this is "
+                f"{__version__} (schema {SCHEMA_VERSION}): upgrade flashtune"
+            )
         if schema < SCHEMA_VERSION:
-            raise StudyError(f"study {shown!r} was written by an older flashtune ({version}); start a new study "
-                             "(another --study name) to tune with this version")
+            raise StudyError(
+                f"study {shown!r} was written by an older flashtune ({version}); start a new study "
+                "(another --study name) to tune with this version"
+            )
         family = attrs.get(FAMILY)
         if not isinstance(family, str) or not _FAMILY_NAME.fullmatch(family):
             raise StudyError(f"study {shown!r} stores no valid kernel family ({printable(repr(family), 60)})")
@@ -147,11 +167,17 @@ class StudyMeta:
         digest = attrs.get(SPACE_DIGEST)
         run = attrs.get(RUN)
         stored_winner = attrs.get(WINNER)
-        return cls(name=name, version=version, schema=schema, family=family, problem=problem,
-                   gpu=dict(gpu) if isinstance(gpu, dict) else {},
-                   space_digest=digest if isinstance(digest, str) else None,
-                   run=dict(run) if isinstance(run, dict) else {},
-                   winner=dict(stored_winner) if isinstance(stored_winner, dict) else None)
+        return cls(
+            name=name,
+            version=version,
+            schema=schema,
+            family=family,
+            problem=problem,
+            gpu=dict(gpu) if isinstance(gpu, dict) else {},
+            space_digest=digest if isinstance(digest, str) else None,
+            run=dict(run) if isinstance(run, dict) else {},
+            winner=dict(stored_winner) if isinstance(stored_winner, dict) else None,
+        )
 
     @property
     def gpu_name(self) -> str:
@@ -162,8 +188,9 @@ class StudyMeta:
         try:
             return DeviceLimits.from_info(dict(self.gpu))
         except (KeyError, TypeError, ValueError) as e:
-            raise StudyError(f"study {printable(self.name, 120)!r} stores malformed GPU information: {e!r:.120}"
-                             ) from None
+            raise StudyError(
+                f"study {printable(self.name, 120)!r} stores malformed GPU information: {e!r:.120}"
+            ) from None
 
     def space(self) -> Space:
         """Today's space file of the study's family, if the study was made for these very knobs; else
@@ -174,9 +201,11 @@ class StudyMeta:
         except SpaceError as e:
             raise StudyError(f"study {shown!r} tunes family {self.family!r}, which cannot be loaded: {e}") from None
         if self.space_digest != space_digest(space):
-            raise StaleSpaceError(f"study {shown!r} was tuned for other {self.family} knobs (space digest "
-                             f"{printable(self.space_digest, 16)!r}, today {space_digest(space)!r}): its stored "
-                             f"values may not fit search_spaces/{self.family}.toml; re-tune with a new study")
+            raise StaleSpaceError(
+                f"study {shown!r} was tuned for other {self.family} knobs (space digest "
+                f"{printable(self.space_digest, 16)!r}, today {space_digest(space)!r}): its stored "
+                f"values may not fit search_spaces/{self.family}.toml; re-tune with a new study"
+            )
         return space
 
     def check_resumable(self, space: Space, problem: Problem, gpu: Mapping[str, Any]) -> None:
@@ -187,12 +216,16 @@ class StudyMeta:
         if self.problem != problem:
             raise StudyError(f"study {shown!r} tunes problem {self.problem.to_dict()}, not {problem.to_dict()}")
         if self.gpu.get("name") != gpu.get("name"):
-            raise StudyError(f"study {shown!r} was measured on {printable(repr(self.gpu.get('name')), 60)}; timings "
-                             f"on {printable(repr(gpu.get('name')), 60)} do not compare: use another --study name")
+            raise StudyError(
+                f"study {shown!r} was measured on {printable(repr(self.gpu.get('name')), 60)}; timings "
+                f"on {printable(repr(gpu.get('name')), 60)} do not compare: use another --study name"
+            )
         if self.space_digest != space_digest(space):
-            raise StudyError(f"the knobs of {space.name} changed since study {shown!r} was created; "
-                             "its stored configs no longer match: start a new study (another --study name; "
-                             "with --suite, another --storage)")
+            raise StudyError(
+                f"the knobs of {space.name} changed since study {shown!r} was created; "
+                "its stored configs no longer match: start a new study (another --study name; "
+                "with --suite, another --storage)"
+            )
 
 
 @dataclass(frozen=True)
@@ -244,13 +277,21 @@ def _stored_meta(storage: optuna.storages.BaseStorage, name: str, study_id: int)
             partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST}
             patience = _META_WAIT_S if partial else _EMPTY_WAIT_S if not attrs else 0.0
             if time.monotonic() - start > patience or any(
-                    t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)):
+                t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)
+            ):
                 raise
         time.sleep(0.1)
 
 
-def open_study(*, storage: optuna.storages.BaseStorage | str, name: str, space: Space, problem: Problem,
-               gpu: dict[str, Any], sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+def open_study(
+    *,
+    storage: optuna.storages.BaseStorage | str,
+    name: str,
+    space: Space,
+    problem: Problem,
+    gpu: dict[str, Any],
+    sampler: optuna.samplers.BaseSampler,
+) -> optuna.Study:
     """Create the study, or resume it after checking it was made for the same family, problem, GPU and space.
 
     A new study gets the family's default config enqueued as its first trial. Several processes may
@@ -294,8 +335,11 @@ def winner(study: optuna.Study) -> dict[str, Any] | None:
     if stored and not isinstance(stored, dict):
         return dict(stored, source="retimed")  # malformed: raises, and the caller says so
     seen = set(stored.get("seen_trials", ())) if stored else set()
-    newer = [t for t in complete if stored and "seen_trials" in stored and t.number not in seen
-             and DUPLICATE_OF not in t.user_attrs]  # a repeat only copies an older trial's figure
+    newer = [
+        t
+        for t in complete
+        if stored and "seen_trials" in stored and t.number not in seen and DUPLICATE_OF not in t.user_attrs
+    ]  # a repeat only copies an older trial's figure
     if stored and not any(t.value > stored.get("tflops", 0.0) for t in newer):
         return dict(stored, source="retimed")
     if not complete:
@@ -303,8 +347,13 @@ def winner(study: optuna.Study) -> dict[str, Any] | None:
     best = max(complete, key=lambda t: t.value)
     source = "best trial" if not stored else f"best trial (newer than the winner re-timed at trial {stored['trial']})"
     measurement = best.user_attrs.get(MEASUREMENT)
-    return {"config": dict(best.params), "tflops": best.value, "trial": best.number, "source": source,
-            "latency_ms": measurement.get("latency_ms") if isinstance(measurement, dict) else None}
+    return {
+        "config": dict(best.params),
+        "tflops": best.value,
+        "trial": best.number,
+        "source": source,
+        "latency_ms": measurement.get("latency_ms") if isinstance(measurement, dict) else None,
+    }
 
 
 def default_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -339,10 +388,19 @@ class ChosenConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (no NaN or infinity)."""
-        return {"study": self.study_name, "family": self.family, "source": self.source, "trial": self.trial,
-                "tflops": self.tflops, "latency_ms": self.latency_ms,
-                "speedup_over_default": self.speedup_over_default, "config": dict(self.config),
-                "problem": self.problem.to_dict(), "gpu": self.gpu_name, "date": self.measured_on}
+        return {
+            "study": self.study_name,
+            "family": self.family,
+            "source": self.source,
+            "trial": self.trial,
+            "tflops": self.tflops,
+            "latency_ms": self.latency_ms,
+            "speedup_over_default": self.speedup_over_default,
+            "config": dict(self.config),
+            "problem": self.problem.to_dict(),
+            "gpu": self.gpu_name,
+            "date": self.measured_on,
+        }
 
 
 def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storage_url: str) -> optuna.Study:
@@ -350,8 +408,9 @@ def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storag
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        raise StudyError(f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; "
-                         "`flashtune studies` lists them") from None
+        raise StudyError(
+            f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; `flashtune studies` lists them"
+        ) from None
     StudyMeta.read(study)
     return study
 
@@ -372,20 +431,23 @@ def choose(study: optuna.Study) -> ChosenConfig:
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise StudyError(f"study {name!r} stores a malformed winner: {e!r:.120}") from None
     if best is None:
-        raise StudyError(f"study {name!r} has no successful trial yet: run `flashtune tune` (or `flashtune worker "
-                         "--study`) until a config measures")
+        raise StudyError(
+            f"study {name!r} has no successful trial yet: run `flashtune tune` (or `flashtune worker "
+            "--study`) until a config measures"
+        )
     stored_config = best.get("config")
     if not isinstance(stored_config, Mapping):
         raise StudyError(f"study {name!r} stores a malformed best config: {printable(repr(stored_config), 120)}")
     try:
         config = space.validate(stored_config)
     except ConfigError as e:
-        raise StudyError(f"the best config of study {name!r} no longer fits the {meta.family} space: "
-                         f"{printable(e, 200)}; re-tune with a new study") from None
+        raise StudyError(
+            f"the best config of study {name!r} no longer fits the {meta.family} space: "
+            f"{printable(e, 200)}; re-tune with a new study"
+        ) from None
     reason = space.check(config, meta.problem, device)
     if reason:
-        raise StudyError(f"the best config of study {name!r} is infeasible under today's {meta.family} space: "
-                         f"{reason}")
+        raise StudyError(f"the best config of study {name!r} is infeasible under today's {meta.family} space: {reason}")
     tflops = _finite(best.get("tflops"))
     speedup = _finite(best.get("speedup_over_default"))
     if speedup is None and tflops is not None:
@@ -394,11 +456,19 @@ def choose(study: optuna.Study) -> ChosenConfig:
         speedup = tflops / default_tflops if default_tflops else None
     trial = best.get("trial")
     return ChosenConfig(
-        study_name=meta.name, space=space, config=config, problem=meta.problem, device=device,
-        gpu_name=meta.gpu_name, macros=space.macros(config, meta.problem, device),
-        tflops=tflops, speedup_over_default=speedup, source=str(best.get("source", "?")),
+        study_name=meta.name,
+        space=space,
+        config=config,
+        problem=meta.problem,
+        device=device,
+        gpu_name=meta.gpu_name,
+        macros=space.macros(config, meta.problem, device),
+        tflops=tflops,
+        speedup_over_default=speedup,
+        source=str(best.get("source", "?")),
         trial=trial if isinstance(trial, int) and not isinstance(trial, bool) else None,
-        measured_on=str(best["date"]) if best.get("date") else None, made_by=meta.version,
+        measured_on=str(best["date"]) if best.get("date") else None,
+        made_by=meta.version,
         latency_ms=_finite(best.get("latency_ms")),
     )
 
@@ -418,12 +488,18 @@ def describe(storage: optuna.storages.BaseStorage) -> list[StudyInfo]:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         values = [v for v in (_finite(t.value) for t in complete) if v is not None]
         stored_winner = meta.winner if meta else None
-        rows.append(StudyInfo(
-            name=s.study_name, family=meta.family if meta else str(s.user_attrs.get(FAMILY, "?")),
-            problem=meta.problem.slug() if meta else "?", gpu=meta.gpu_name if meta else "?",
-            trials=s.n_trials, complete=len(complete), best_tflops=max(values) if values else None,
-            winner_tflops=_finite(stored_winner.get("tflops")) if stored_winner else None,
-        ))
+        rows.append(
+            StudyInfo(
+                name=s.study_name,
+                family=meta.family if meta else str(s.user_attrs.get(FAMILY, "?")),
+                problem=meta.problem.slug() if meta else "?",
+                gpu=meta.gpu_name if meta else "?",
+                trials=s.n_trials,
+                complete=len(complete),
+                best_tflops=max(values) if values else None,
+                winner_tflops=_finite(stored_winner.get("tflops")) if stored_winner else None,
+            )
+        )
     return rows
 
 

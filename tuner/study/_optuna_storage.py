@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import optuna
@@ -26,13 +26,20 @@ from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["FlashtuneStorage", "enqueued_config", "flashtune_storage", "pop_waiting_trial_id", "study_id_of",
-           "study_storage", "trial_id_of"]
+__all__ = [
+    "FlashtuneStorage",
+    "enqueued_config",
+    "flashtune_storage",
+    "pop_waiting_trial_id",
+    "study_id_of",
+    "study_storage",
+    "trial_id_of",
+]
 
 
 def _utc_now() -> datetime:
     """Now as Optuna's RDB storage keeps datetimes: naive UTC."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def _attr_rows(trial_id: int, attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -45,42 +52,68 @@ class FlashtuneStorage(optuna.storages.RDBStorage):
     @staticmethod
     def table_columns() -> dict[str, frozenset[str]]:
         """Optuna's tables (as this Optuna version creates them) and the names of their columns."""
-        return {name: frozenset(c.name for c in table.columns)
-                for name, table in models.BaseModel.metadata.tables.items()}
+        return {
+            name: frozenset(c.name for c in table.columns) for name, table in models.BaseModel.metadata.tables.items()
+        }
 
-    def create_running_trial(self, study_id: int, params: Mapping[str, Any], dists: Mapping[str, BaseDistribution],
-                             *, user_attrs: Mapping[str, Any], system_attrs: Mapping[str, Any]) -> tuple[int, int]:
+    def create_running_trial(
+        self,
+        study_id: int,
+        params: Mapping[str, Any],
+        dists: Mapping[str, BaseDistribution],
+        *,
+        user_attrs: Mapping[str, Any],
+        system_attrs: Mapping[str, Any],
+    ) -> tuple[int, int]:
         """A new RUNNING trial holding ``params`` (each with its distribution) and its attributes, with a
         first beat where heartbeats are on, in one transaction; ``(number, trial_id)``. Numbered as
         Optuna numbers trials: the count of the study's earlier trials, under a lock on the study's row."""
         trials, studies = models.TrialModel.__table__, models.StudyModel.__table__
         with self.engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE (tuner.study.open_storage), the database is ours
             conn.execute(sa.select(studies.c.study_id).where(studies.c.study_id == study_id).with_for_update())
-            number = conn.execute(sa.select(sa.func.count(trials.c.trial_id))
-                                  .where(trials.c.study_id == study_id)).scalar_one()
-            new_id = conn.execute(trials.insert().values(number=number, study_id=study_id, state=TrialState.RUNNING,
-                                                         datetime_start=_utc_now())).inserted_primary_key[0]
-            conn.execute(models.TrialParamModel.__table__.insert(), [
-                {"trial_id": new_id, "param_name": name, "param_value": dists[name].to_internal_repr(value),
-                 "distribution_json": distribution_to_json(dists[name])} for name, value in params.items()])
-            for model, attrs in ((models.TrialUserAttributeModel, user_attrs),
-                                 (models.TrialSystemAttributeModel, system_attrs)):
+            number = conn.execute(
+                sa.select(sa.func.count(trials.c.trial_id)).where(trials.c.study_id == study_id)
+            ).scalar_one()
+            new_id = conn.execute(
+                trials.insert().values(
+                    number=number, study_id=study_id, state=TrialState.RUNNING, datetime_start=_utc_now()
+                )
+            ).inserted_primary_key[0]
+            conn.execute(
+                models.TrialParamModel.__table__.insert(),
+                [
+                    {
+                        "trial_id": new_id,
+                        "param_name": name,
+                        "param_value": dists[name].to_internal_repr(value),
+                        "distribution_json": distribution_to_json(dists[name]),
+                    }
+                    for name, value in params.items()
+                ],
+            )
+            for model, attrs in (
+                (models.TrialUserAttributeModel, user_attrs),
+                (models.TrialSystemAttributeModel, system_attrs),
+            ):
                 if attrs:
                     conn.execute(model.__table__.insert(), _attr_rows(new_id, attrs))
             if self.get_heartbeat_interval():
                 conn.execute(models.TrialHeartbeatModel.__table__.insert().values(trial_id=new_id))
         return number, new_id
 
-    def finish_running_trial(self, trial_id: int, *, state: TrialState, value: float | None,
-                             user_attrs: Mapping[str, Any]) -> bool:
+    def finish_running_trial(
+        self, trial_id: int, *, state: TrialState, value: float | None, user_attrs: Mapping[str, Any]
+    ) -> bool:
         """Store a RUNNING trial's attributes (added to, or replacing, those it has), its value (``state``
         COMPLETE) and its final state in one transaction. False, writing nothing, when the trial is no
         longer RUNNING."""
         trials = models.TrialModel.__table__
         with self.engine.begin() as conn:
-            done = conn.execute(trials.update()
-                                .where(trials.c.trial_id == trial_id, trials.c.state == TrialState.RUNNING)
-                                .values(state=state, datetime_complete=_utc_now()))
+            done = conn.execute(
+                trials.update()
+                .where(trials.c.trial_id == trial_id, trials.c.state == TrialState.RUNNING)
+                .values(state=state, datetime_complete=_utc_now())
+            )
             if done.rowcount != 1:
                 return False  # nothing was written: the transaction commits nothing
             if user_attrs:
@@ -91,8 +124,9 @@ class FlashtuneStorage(optuna.storages.RDBStorage):
                 stored, value_type = models.TrialValueModel.value_to_stored_repr(value)
                 values = models.TrialValueModel.__table__
                 conn.execute(values.delete().where(values.c.trial_id == trial_id))
-                conn.execute(values.insert().values(trial_id=trial_id, objective=0, value=stored,
-                                                    value_type=value_type))
+                conn.execute(
+                    values.insert().values(trial_id=trial_id, objective=0, value=stored, value_type=value_type)
+                )
         return True
 
     def running_trial_beats(self, study_id: int) -> tuple[dict[int, datetime], datetime]:
@@ -102,10 +136,12 @@ class FlashtuneStorage(optuna.storages.RDBStorage):
         beats = models.TrialHeartbeatModel
         try:
             now = session.execute(sa.func.now()).scalar().replace(tzinfo=None)
-            rows = (session.query(beats.trial_id, beats.heartbeat)
-                    .join(models.TrialModel, models.TrialModel.trial_id == beats.trial_id)
-                    .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.RUNNING)
-                    .all())
+            rows = (
+                session.query(beats.trial_id, beats.heartbeat)
+                .join(models.TrialModel, models.TrialModel.trial_id == beats.trial_id)
+                .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.RUNNING)
+                .all()
+            )
             session.commit()
         except Exception:
             session.rollback()

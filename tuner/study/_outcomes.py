@@ -11,8 +11,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ..space import Config, config_key
-from ._attributes import (CONFIG_KEY, DUPLICATE_OF, EXPLORATION, IS_DEFAULT, REASON, REQUEUE_COUNT, REQUEUE_REASON,
-                          REQUEUED_FROM, STATUS)
+from ._attributes import (
+    CONFIG_KEY,
+    DUPLICATE_OF,
+    EXPLORATION,
+    IS_DEFAULT,
+    REASON,
+    REQUEUE_COUNT,
+    REQUEUE_REASON,
+    REQUEUED_FROM,
+    STATUS,
+)
 from ._meta import TrialStatus
 from ._optuna_storage import enqueued_config, study_storage
 from ._trial_writes import TrialRef, finish_trial
@@ -34,19 +43,47 @@ def _final_state(value: float | None, state: TrialState | None) -> TrialState:
     return TrialState.COMPLETE if value is not None else state or TrialState.PRUNED
 
 
-def finished(trial: TrialRef, config: Config | None, dists: dict[str, Any], *, status: str, reason: str = "",
-             attrs: dict[str, Any] | None = None, value: float | None = None,
-             state: TrialState | None = None) -> FrozenTrial:
+def finished(
+    trial: TrialRef,
+    config: Config | None,
+    dists: dict[str, Any],
+    *,
+    status: str,
+    reason: str = "",
+    attrs: dict[str, Any] | None = None,
+    value: float | None = None,
+    state: TrialState | None = None,
+) -> FrozenTrial:
     """The trial as it will be stored: what the loop counts while the storing thread writes it."""
-    return FrozenTrial(number=trial.number, state=_final_state(value, state), value=value, values=None,
-                       datetime_start=None, datetime_complete=datetime.now(), params=dict(config or {}),
-                       distributions=dists if config else {}, user_attrs=outcome_attrs(config, status, reason, attrs),
-                       system_attrs={}, intermediate_values={}, trial_id=trial.trial_id)
+    return FrozenTrial(
+        number=trial.number,
+        state=_final_state(value, state),
+        value=value,
+        values=None,
+        datetime_start=None,
+        datetime_complete=datetime.now(),
+        params=dict(config or {}),
+        distributions=dists if config else {},
+        user_attrs=outcome_attrs(config, status, reason, attrs),
+        system_attrs={},
+        intermediate_values={},
+        trial_id=trial.trial_id,
+    )
 
 
-def finish(study: optuna.Study, trial: TrialRef, storage_call: Callable[..., Any], *, config: Config | None,
-           dists: dict[str, Any], status: str, reason: str = "", attrs: dict[str, Any] | None = None,
-           value: float | None = None, state: TrialState | None = None) -> FrozenTrial:
+def finish(
+    study: optuna.Study,
+    trial: TrialRef,
+    storage_call: Callable[..., Any],
+    *,
+    config: Config | None,
+    dists: dict[str, Any],
+    status: str,
+    reason: str = "",
+    attrs: dict[str, Any] | None = None,
+    value: float | None = None,
+    state: TrialState | None = None,
+) -> FrozenTrial:
     """Store the trial's outcome in one retried write: ``value`` given, COMPLETE; otherwise ``state``
     (default PRUNED, which searches treat as bad). Returns the trial as stored: the outcome written
     here, or, when the trial was no longer RUNNING, what is stored (an earlier attempt committed and
@@ -61,21 +98,35 @@ def finish(study: optuna.Study, trial: TrialRef, storage_call: Callable[..., Any
     return storage_call(store, what=f"storing trial {trial.number}")
 
 
-def finish_duplicate(study: optuna.Study, trial: TrialRef, original: FrozenTrial, storage_call: Callable[..., Any],
-                     dists: dict[str, Any]) -> FrozenTrial:
+def finish_duplicate(
+    study: optuna.Study, trial: TrialRef, original: FrozenTrial, storage_call: Callable[..., Any], dists: dict[str, Any]
+) -> FrozenTrial:
     """An enqueued config was evaluated already: give it the same outcome without measuring again."""
     attrs = {DUPLICATE_OF: original.number}
     status = original.user_attrs.get(STATUS, TrialStatus.OK)
     config = dict(original.params)
     if original.state == TrialState.COMPLETE:
-        return finish(study, trial, storage_call, config=config, dists=dists, status=status, attrs=attrs,
-                      value=original.value)
-    return finish(study, trial, storage_call, config=config, dists=dists, status=status,
-                  reason=original.user_attrs.get(REASON, ""), attrs=attrs)
+        return finish(
+            study, trial, storage_call, config=config, dists=dists, status=status, attrs=attrs, value=original.value
+        )
+    return finish(
+        study,
+        trial,
+        storage_call,
+        config=config,
+        dists=dists,
+        status=status,
+        reason=original.user_attrs.get(REASON, ""),
+        attrs=attrs,
+    )
 
 
-def stop_cleanly(study: optuna.Study, held: list[tuple[TrialRef, Config | None, bool]],
-                 storage_call: Callable[..., Any], dists: dict[str, Any]) -> None:
+def stop_cleanly(
+    study: optuna.Study,
+    held: list[tuple[TrialRef, Config | None, bool]],
+    storage_call: Callable[..., Any],
+    dists: dict[str, Any],
+) -> None:
     """Fail every trial this tuner holds as interrupted, and enqueue again, right after its trial is
     failed, each config that was drawn but not measured (``(trial, config, requeue)``; config None
     with requeue: the trial's enqueued config, if it had one). Nothing is left RUNNING and nothing
@@ -85,12 +136,22 @@ def stop_cleanly(study: optuna.Study, held: list[tuple[TrialRef, Config | None, 
         try:
             if requeue and config is None:
                 config = enqueued_config(study_storage(study).get_trial(trial.trial_id))
-            frozen = finish(study, trial, storage_call, config=None, dists=dists, status=TrialStatus.INTERRUPTED,
-                            reason="the tuner stopped", state=TrialState.FAIL)
+            frozen = finish(
+                study,
+                trial,
+                storage_call,
+                config=None,
+                dists=dists,
+                status=TrialStatus.INTERRUPTED,
+                reason="the tuner stopped",
+                state=TrialState.FAIL,
+            )
             if requeue and config is not None and TrialStatus.of(frozen) is TrialStatus.INTERRUPTED:
-                storage_call(lambda: _requeue_interrupted(study, trial, config),
-                             what=f"enqueuing trial {trial.number}'s config again")
-        except Exception:  # noqa: BLE001 - the storage is gone: the heartbeat lets others recover it
+                storage_call(
+                    lambda: _requeue_interrupted(study, trial, config),  # noqa: B023 - called at once
+                    what=f"enqueuing trial {trial.number}'s config again",
+                )
+        except Exception:
             pass
 
 
@@ -100,6 +161,12 @@ def _requeue_interrupted(study: optuna.Study, trial: TrialRef, config: Config) -
     of re-enqueues after lost workers (so a config that keeps killing them still runs out)."""
     stored = study_storage(study).get_trial(trial.trial_id).user_attrs
     kept = {k: v for k, v in stored.items() if k in (IS_DEFAULT, EXPLORATION, REQUEUE_COUNT)}
-    study.enqueue_trial(dict(config), user_attrs={
-        REQUEUED_FROM: trial.number, REQUEUE_REASON: f"trial {trial.number} was interrupted", **kept,
-    }, skip_if_exists=False)
+    study.enqueue_trial(
+        dict(config),
+        user_attrs={
+            REQUEUED_FROM: trial.number,
+            REQUEUE_REASON: f"trial {trial.number} was interrupted",
+            **kept,
+        },
+        skip_if_exists=False,
+    )

@@ -48,7 +48,7 @@ def _secrets_of(url: str) -> set[str]:
         if parsed.password:
             found.add(str(parsed.password))
         found.update(str(v) for k, v in parsed.query.items() if k.lower() in ("password", "passfile", "sslpassword"))
-    except Exception:  # noqa: BLE001 - an unparsable URL still had its secrets found above
+    except Exception:
         pass
     found |= {unquote(s) for s in found}
     return {s for s in found if s}
@@ -76,7 +76,7 @@ def mask_text(text: str) -> str:
     scheme, rest = (m.group(1), m.group(2)) if m else (None, text)
     pair = _userinfo_secret(scheme, rest)
     if pair:
-        rest = f"{pair[0]}:***{rest[rest.rfind('@'):]}"
+        rest = f"{pair[0]}:***{rest[rest.rfind('@') :]}"
     text = f"{scheme}://{rest}" if scheme is not None else rest
     return printable(_SECRET_QUERY.sub(r"\1***", text), limit=300)
 
@@ -90,12 +90,10 @@ def mask_url(url: str) -> str:
         parsed = make_url(text)
         secret = {k: "***" for k in parsed.query if k.lower() in ("password", "passfile", "sslpassword")}
         shown = parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-    except Exception:  # noqa: BLE001 - ArgumentError, ValueError (a port that is no number), ...
+    except Exception:
         return "<unparsable storage URL>"
     m = _SCHEME.fullmatch(text)
     pair = _userinfo_secret(m.group(1), m.group(2)) if m else None
     if pair and "@" in pair[1]:  # an unescaped "@" in the password: SQLAlchemy took its tail for the host
         return mask_text(text)
     return printable(shown, limit=300)
-
-

@@ -24,8 +24,15 @@ from typing import Any, TypeVar
 import optuna
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import (ArgumentError, DBAPIError, DisconnectionError, IntegrityError, InterfaceError,
-                            OperationalError, SQLAlchemyError)
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from ..errors import FlashtuneError
@@ -34,8 +41,17 @@ from ._heartbeat import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, requeue_stale
 from ._optuna_storage import FlashtuneStorage
 from ._secrets import mask_text, mask_url, redact, remember_secrets
 
-__all__ = ["DEFAULT_STORAGE", "StaleTrialCallback", "StorageError", "check_storage", "error_reason", "is_transient",
-           "open_storage", "reading", "retrying"]
+__all__ = [
+    "DEFAULT_STORAGE",
+    "StaleTrialCallback",
+    "StorageError",
+    "check_storage",
+    "error_reason",
+    "is_transient",
+    "open_storage",
+    "reading",
+    "retrying",
+]
 
 T = TypeVar("T")
 
@@ -58,8 +74,9 @@ def error_reason(e: BaseException) -> str:
         if isinstance(inner, DBAPIError) and inner.orig is not None:
             inner = inner.orig
             break
-        nxt = inner.__cause__ or (inner.__context__ if isinstance(inner, optuna.exceptions.StorageInternalError)
-                                  else None)
+        nxt = inner.__cause__ or (
+            inner.__context__ if isinstance(inner, optuna.exceptions.StorageInternalError) else None
+        )
         if nxt is None:
             break
         inner = nxt
@@ -98,11 +115,17 @@ _NO_DATABASE = "run `flashtune tune` first, or point --storage at the database t
 
 def _sqlite_path(parsed: URL, url: str) -> Path:
     database = parsed.database or ""
-    in_memory = (not database or database == ":memory:" or database.startswith("file::memory:")
-                 or parsed.query.get("mode") == "memory")
+    in_memory = (
+        not database
+        or database == ":memory:"
+        or database.startswith("file::memory:")
+        or parsed.query.get("mode") == "memory"
+    )
     if in_memory:
-        raise StorageError(f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
-                           "empty one; give a file, e.g. sqlite:///studies/flashtune.db")
+        raise StorageError(
+            f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
+            "empty one; give a file, e.g. sqlite:///studies/flashtune.db"
+        )
     return Path(database)
 
 
@@ -114,8 +137,10 @@ def _sqlite_tables(path: Path) -> dict[str, set[str]]:
         conn = sqlite3.connect(uri, uri=True)
         try:
             names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            return {n: {row[1] for row in conn.execute(f'PRAGMA table_info("{n.replace(chr(34), chr(34) * 2)}")')}
-                    for n in names}
+            return {
+                n: {row[1] for row in conn.execute(f'PRAGMA table_info("{n.replace(chr(34), chr(34) * 2)}")')}
+                for n in names
+            }
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -150,10 +175,11 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
     # schema right now (it completes it, or this one does); a same-named table of other columns is not Optuna's
     optuna_columns = FlashtuneStorage.table_columns()
     foreign |= {t for t in tables & optuna_columns.keys() if not optuna_columns[t] <= columns[t]}
-    if foreign or (tables and not _CORE_TABLES <= tables and not tables & optuna_columns.keys()):
+    if foreign or (tables and not tables >= _CORE_TABLES and not tables & optuna_columns.keys()):
         listed = ", ".join(printable(t, 40) for t in sorted(foreign or tables)[:5])
-        raise StorageError(f"{shown} holds another program's tables ({listed}), not an Optuna study database; "
-                           "choose another --storage")
+        raise StorageError(
+            f"{shown} holds another program's tables ({listed}), not an Optuna study database; choose another --storage"
+        )
     if not create:
         if not tables:
             raise StorageError(f"no study database at {shown} (the file holds no studies); {_NO_DATABASE}")
@@ -164,21 +190,27 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StorageError(f"cannot create folder {printable(path.parent, 300)} for the study database: "
-                           f"{e.strerror or e}; choose another --storage") from None
+        raise StorageError(
+            f"cannot create folder {printable(path.parent, 300)} for the study database: "
+            f"{e.strerror or e}; choose another --storage"
+        ) from None
     if size is not None and not os.access(path, os.W_OK):
         raise StorageError(f"{shown} is read-only; tuning writes to it: make it writable or choose another --storage")
     if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise StorageError(f"folder {printable(path.parent, 300)} is not writable (SQLite writes its journal there); "
-                           "choose another --storage")
+        raise StorageError(
+            f"folder {printable(path.parent, 300)} is not writable (SQLite writes its journal there); "
+            "choose another --storage"
+        )
 
 
 def _check_creatable(path: Path, size: int | None) -> None:
     """The folders to create (if any) and the file can be created and written by this process."""
     if size is not None:
         if not os.access(path, os.W_OK):
-            raise StorageError(f"{printable(path, 300)} is read-only; tuning writes to it: make it writable or "
-                               "choose another --storage")
+            raise StorageError(
+                f"{printable(path, 300)} is read-only; tuning writes to it: make it writable or "
+                "choose another --storage"
+            )
         folder = path.parent
     else:
         folder = path.parent.absolute()
@@ -189,11 +221,14 @@ def _check_creatable(path: Path, size: int | None) -> None:
     except OSError as e:
         raise StorageError(f"cannot use {printable(path, 300)}: {e.strerror or e}; choose another --storage") from None
     if not is_dir:
-        raise StorageError(f"cannot create {printable(path, 300)}: {printable(folder, 300)} is not a folder; "
-                           "choose another --storage")
+        raise StorageError(
+            f"cannot create {printable(path, 300)}: {printable(folder, 300)} is not a folder; choose another --storage"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise StorageError(f"folder {printable(folder, 300)} is not writable (the study database and its journal "
-                           "go there); choose another --storage")
+        raise StorageError(
+            f"folder {printable(folder, 300)} is not writable (the study database and its journal "
+            "go there); choose another --storage"
+        )
 
 
 def _require_schema(url: str, engine_kwargs: dict[str, Any]) -> None:
@@ -204,7 +239,7 @@ def _require_schema(url: str, engine_kwargs: dict[str, Any]) -> None:
         tables = set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
-    if not _CORE_TABLES <= tables:
+    if not tables >= _CORE_TABLES:
         raise StorageError(f"no study database at {mask_url(url)} (it holds no Optuna tables); {_NO_DATABASE}")
 
 
@@ -212,14 +247,18 @@ def _require_schema(url: str, engine_kwargs: dict[str, Any]) -> None:
 def _parse(url: str | None) -> tuple[str, URL, str]:
     url = DEFAULT_STORAGE if url is None else url
     if not isinstance(url, str) or not url.strip():
-        raise StorageError(f"empty storage URL; give e.g. {DEFAULT_STORAGE} or postgresql+psycopg://user:password@host/db")
+        raise StorageError(
+            f"empty storage URL; give e.g. {DEFAULT_STORAGE} or postgresql+psycopg://user:password@host/db"
+        )
     remember_secrets(url)
     try:
         parsed = make_url(url)
         return url, parsed, parsed.get_backend_name()
     except (ArgumentError, ValueError, TypeError):
-        raise StorageError(f"invalid storage URL {mask_text(url)!r}; expected e.g. {DEFAULT_STORAGE} or "
-                           "postgresql+psycopg://user:password@host/db") from None
+        raise StorageError(
+            f"invalid storage URL {mask_text(url)!r}; expected e.g. {DEFAULT_STORAGE} or "
+            "postgresql+psycopg://user:password@host/db"
+        ) from None
 
 
 def check_storage(url: str | None) -> None:
@@ -244,13 +283,21 @@ def _creation_race(e: BaseException) -> bool:
     """Two processes creating the same new database at once: one loses a CREATE TABLE or an INSERT of
     the schema version; opening again finds what the other one made."""
     text = str(e).lower()
-    return isinstance(e, IntegrityError) or "already exists" in text or "unique constraint" in text or (
-        isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None
-        and _creation_race(e.__cause__))
+    return (
+        isinstance(e, IntegrityError)
+        or "already exists" in text
+        or "unique constraint" in text
+        or (
+            isinstance(e, optuna.exceptions.StorageInternalError)
+            and e.__cause__ is not None
+            and _creation_race(e.__cause__)
+        )
+    )
 
 
-def open_storage(url: str | None = None, *, create: bool = True,
-                 stale_trial_callback: StaleTrialCallback | None = None) -> FlashtuneStorage:
+def open_storage(
+    url: str | None = None, *, create: bool = True, stale_trial_callback: StaleTrialCallback | None = None
+) -> FlashtuneStorage:
     """Flashtune's Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
 
     Heartbeats are on (see :func:`tuner.study.recover_stale`); a trial whose tuner died is failed by
@@ -273,8 +320,13 @@ def open_storage(url: str | None = None, *, create: bool = True,
                 _require_schema(url, engine_kwargs)
             with warnings.catch_warnings():  # heartbeats are on on purpose: no "experimental feature" line on stderr
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                storage = FlashtuneStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S,
-                                           grace_period=GRACE_PERIOD_S, heartbeat_stale_trial_callback=callback)
+                storage = FlashtuneStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S,
+                    heartbeat_stale_trial_callback=callback,
+                )
             break
         except StorageError:
             raise
@@ -299,6 +351,7 @@ def _lock_sqlite_at_begin(engine: Engine) -> None:
     instead; they are short, and waiting ones queue for up to the connection's timeout. Calls
     made inside :func:`reading` only read, and begin without the lock.
     """
+
     @event.listens_for(engine, "connect")
     def _driver_leaves_transactions_to_sqlalchemy(dbapi_connection, _record) -> None:
         dbapi_connection.isolation_level = None
@@ -329,8 +382,7 @@ def reading() -> Iterator[None]:
         _READ_ONLY.reset(token)
 
 
-def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0,
-             log=None) -> T:
+def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0, log=None) -> T:
     """Run a storage operation; while the database is unreachable, retry with doubling delays.
 
     Says so on stderr at each retry; after ``attempts`` tries raises :class:`StorageError` (what
@@ -345,13 +397,21 @@ def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             reason = error_reason(e)
             if not is_transient(e):
-                raise StorageError(f"storage failed while {what} ({reason}); finished trials are stored: "
-                                   "rerun the same command to resume once the storage is fixed") from None
+                raise StorageError(
+                    f"storage failed while {what} ({reason}); finished trials are stored: "
+                    "rerun the same command to resume once the storage is fixed"
+                ) from None
             if attempt == attempts:
-                raise StorageError(f"storage unreachable while {what} after {attempts} attempts ({reason}); "
-                                   "finished trials are stored: rerun the same command to resume") from None
-            print(f"flashtune: storage unreachable while {what} ({reason}); retry {attempt}/{attempts - 1} "
-                  f"in {delay:.0f} s", file=log or sys.stderr, flush=True)
+                raise StorageError(
+                    f"storage unreachable while {what} after {attempts} attempts ({reason}); "
+                    "finished trials are stored: rerun the same command to resume"
+                ) from None
+            print(
+                f"flashtune: storage unreachable while {what} ({reason}); retry {attempt}/{attempts - 1} "
+                f"in {delay:.0f} s",
+                file=log or sys.stderr,
+                flush=True,
+            )
             time.sleep(delay)
             delay = min(2 * delay, 30.0)
     raise AssertionError("unreachable")

@@ -50,8 +50,18 @@ from ._meta import StudyError, StudyMeta, is_evaluated, winner
 from ._secrets import mask_url
 from ._storage import DEFAULT_STORAGE
 
-__all__ = ["Suite", "SuiteError", "SuiteStudy", "describe_problem", "is_finished", "load_suite", "problem_order",
-           "select_studies", "suite_storage", "suite_studies"]
+__all__ = [
+    "Suite",
+    "SuiteError",
+    "SuiteStudy",
+    "describe_problem",
+    "is_finished",
+    "load_suite",
+    "problem_order",
+    "select_studies",
+    "suite_storage",
+    "suite_studies",
+]
 
 _PROBLEM_KEYS = ("dtype", "head_dim", "causal", "batch", "tokens", "seqlen", "seqlen_k", "heads", "kv_heads")
 _INT_KEYS = {"head_dim", "batch", "tokens", "seqlen", "seqlen_k", "heads", "kv_heads"}
@@ -96,11 +106,12 @@ def load_suite(path: str | Path) -> Suite:
         raise SuiteError(f"{shown}: not valid TOML: {e}") from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise SuiteError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"a suite has {', '.join(sorted(_TOP_KEYS))}")
+        raise SuiteError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; a suite has {', '.join(sorted(_TOP_KEYS))}"
+        )
     family = data.get("family")
     if not isinstance(family, str):
-        raise SuiteError(f"{path}: missing family = \"<name of a file in search_spaces/>\"")
+        raise SuiteError(f'{path}: missing family = "<name of a file in search_spaces/>"')
     try:
         space = load_space(family)
     except SpaceError as e:
@@ -138,8 +149,9 @@ def load_suite(path: str | Path) -> Suite:
         reason = space.supports(p)
         if reason:
             raise SuiteError(f"{path}: problem {p.slug()}: {reason}")
-    return Suite(name=path.stem, family=family, storage=storage, description=description, problems=tuple(unique),
-                 path=path)
+    return Suite(
+        name=path.stem, family=family, storage=storage, description=description, problems=tuple(unique), path=path
+    )
 
 
 def _expand_grid(grid: Mapping[str, Any], where: str) -> list[Problem]:
@@ -154,8 +166,9 @@ def _expand_grid(grid: Mapping[str, Any], where: str) -> list[Problem]:
 def _problem(entry: Mapping[str, Any], where: str) -> Problem:
     unknown = set(entry) - set(_PROBLEM_KEYS)
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"problem keys are {', '.join(_PROBLEM_KEYS)}")
+        raise SuiteError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; problem keys are {', '.join(_PROBLEM_KEYS)}"
+        )
     for key in _INT_KEYS & set(entry):
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, int):
@@ -174,9 +187,16 @@ def _problem(entry: Mapping[str, Any], where: str) -> Problem:
             raise SuiteError(f"{where}: tokens {tokens} is not a positive multiple of seqlen {seqlen}")
         batch = tokens // seqlen
     try:
-        return Problem(batch=batch, seqlen_q=entry["seqlen"], seqlen_k=entry.get("seqlen_k"), heads_q=entry["heads"],
-                       heads_kv=entry.get("kv_heads"), head_dim=entry["head_dim"], dtype=entry.get("dtype", "fp16"),
-                       causal=entry.get("causal", False))
+        return Problem(
+            batch=batch,
+            seqlen_q=entry["seqlen"],
+            seqlen_k=entry.get("seqlen_k"),
+            heads_q=entry["heads"],
+            heads_kv=entry.get("kv_heads"),
+            head_dim=entry["head_dim"],
+            dtype=entry.get("dtype", "fp16"),
+            causal=entry.get("causal", False),
+        )
     except ProblemError as e:
         raise SuiteError(f"{where}: {e}") from None
 
@@ -238,8 +258,9 @@ def suite_studies(storage: optuna.storages.BaseStorage, suite: Suite, pattern: s
     return [SuiteStudy(problem=p, studies=tuple(sorted(names))) for p, names in found.items()]
 
 
-def select_studies(storage: optuna.storages.BaseStorage, *, pattern: str | None = None,
-                   suite: Suite | None = None) -> list[str]:
+def select_studies(
+    storage: optuna.storages.BaseStorage, *, pattern: str | None = None, suite: Suite | None = None
+) -> list[str]:
     """Names of flashtune studies matching a glob ``pattern`` and/or belonging to ``suite``, sorted."""
     if suite is not None:
         return sorted(name for entry in suite_studies(storage, suite, pattern) for name in entry.studies)
@@ -252,8 +273,10 @@ def describe_problem(problem: Problem) -> str:
     """``fp16 d128 causal N=2048 (B=8, H=16)``: a label for tables and plots."""
     kv = f"/{problem.heads_kv}" if problem.heads_kv != problem.heads_q else ""
     n = f"{problem.seqlen_q}" if problem.seqlen_k == problem.seqlen_q else f"{problem.seqlen_q}x{problem.seqlen_k}"
-    return (f"{problem.dtype} d{problem.head_dim} {'causal' if problem.causal else 'full'} N={n} "
-            f"(B={problem.batch}, H={problem.heads_q}{kv})")
+    return (
+        f"{problem.dtype} d{problem.head_dim} {'causal' if problem.causal else 'full'} N={n} "
+        f"(B={problem.batch}, H={problem.heads_q}{kv})"
+    )
 
 
 def problem_order(problems: Sequence[Problem]) -> list[Problem]:

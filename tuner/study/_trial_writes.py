@@ -34,9 +34,14 @@ class TrialRef:
         return cls(trial.number, trial_id_of(trial))
 
 
-def create_running_trial(study: optuna.Study, params: Mapping[str, Any], dists: Mapping[str, BaseDistribution], *,
-                         user_attrs: Mapping[str, Any] | None = None,
-                         system_attrs: Mapping[str, Any] | None = None) -> TrialRef:
+def create_running_trial(
+    study: optuna.Study,
+    params: Mapping[str, Any],
+    dists: Mapping[str, BaseDistribution],
+    *,
+    user_attrs: Mapping[str, Any] | None = None,
+    system_attrs: Mapping[str, Any] | None = None,
+) -> TrialRef:
     """A new RUNNING trial holding ``params`` (each with its distribution), with its attributes and, where
     the storage keeps heartbeats, a first beat; numbered as Optuna numbers trials (the count of the
     study's earlier trials)."""
@@ -44,21 +49,38 @@ def create_running_trial(study: optuna.Study, params: Mapping[str, Any], dists: 
     storage = study_storage(study)
     ours = flashtune_storage(storage)
     if ours is not None:
-        number, new_id = ours.create_running_trial(study_id_of(study), params, dists, user_attrs=user_attrs,
-                                                   system_attrs=system_attrs)
+        number, new_id = ours.create_running_trial(
+            study_id_of(study), params, dists, user_attrs=user_attrs, system_attrs=system_attrs
+        )
         return TrialRef(number, new_id)
-    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, values=None,
-                           datetime_start=datetime.now(), datetime_complete=None, params=dict(params),
-                           distributions=dict(dists), user_attrs=user_attrs, system_attrs=system_attrs,
-                           intermediate_values={}, trial_id=-1)
+    template = FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=datetime.now(),
+        datetime_complete=None,
+        params=dict(params),
+        distributions=dict(dists),
+        user_attrs=user_attrs,
+        system_attrs=system_attrs,
+        intermediate_values={},
+        trial_id=-1,
+    )
     new_id = storage.create_new_trial(study_id_of(study), template_trial=template)
     if getattr(storage, "get_heartbeat_interval", lambda: None)():
         storage.record_heartbeat(new_id)  # type: ignore[attr-defined]
     return TrialRef(storage.get_trial(new_id).number, new_id)
 
 
-def finish_trial(study: optuna.Study, trial: TrialRef, *, state: TrialState, value: float | None = None,
-                 user_attrs: Mapping[str, Any] | None = None) -> bool:
+def finish_trial(
+    study: optuna.Study,
+    trial: TrialRef,
+    *,
+    state: TrialState,
+    value: float | None = None,
+    user_attrs: Mapping[str, Any] | None = None,
+) -> bool:
     """Store a RUNNING trial's attributes (added to, or replacing, those it has), its value (``state``
     COMPLETE) and its final state, all or nothing. False, writing nothing, when the trial is no longer
     RUNNING: another tuner failed it as stale, or an earlier attempt of this call committed."""
@@ -73,6 +95,9 @@ def finish_trial(study: optuna.Study, trial: TrialRef, *, state: TrialState, val
         return False
     for key, v in user_attrs.items():
         storage.set_trial_user_attr(trial.trial_id, key, v)
-    study.tell(trial.number, value if state == TrialState.COMPLETE else None,
-               state=None if state == TrialState.COMPLETE else state)
+    study.tell(
+        trial.number,
+        value if state == TrialState.COMPLETE else None,
+        state=None if state == TrialState.COMPLETE else state,
+    )
     return True

@@ -27,7 +27,9 @@ def shape(n: int) -> str:
     out.append(f"template <>\nstruct Wgmma<{n}> {{")
     # A and B from shared memory (descriptors)
     out.append("  template <bool kBf16, int kTransA, int kTransB>")
-    out.append(f"  __device__ __forceinline__ static void ss(float (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+    out.append(
+        f"  __device__ __forceinline__ static void ss(float (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{"
+    )
     for flag, ty in DTYPES:
         kw = "if constexpr" if flag == "false" else "else"
         cond = " (!kBf16)" if flag == "false" else ""
@@ -43,7 +45,9 @@ def shape(n: int) -> str:
     out.append("  }")
     # A from registers, B from shared memory
     out.append("  template <bool kBf16, int kTransB>")
-    out.append(f"  __device__ __forceinline__ static void rs(float (&d)[{r}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{")
+    out.append(
+        f"  __device__ __forceinline__ static void rs(float (&d)[{r}], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {{"
+    )
     for flag, ty in DTYPES:
         kw = "if constexpr" if flag == "false" else "else"
         cond = " (!kBf16)" if flag == "false" else ""
