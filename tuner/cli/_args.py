@@ -14,6 +14,7 @@ __all__ = [
     "check_printable_name",
     "check_seed",
     "explicit_problem_flags",
+    "noise_floor",
     "parse_config",
     "problem_from",
     "tune_settings",
@@ -62,6 +63,14 @@ def check_seed(seed: int | None) -> None:
         raise UsageError(f"--seed must be from 0 to {MAX_SEED}, not {seed}")
 
 
+def noise_floor(args: argparse.Namespace) -> float:
+    """``--noise-floor`` (percent) as the fraction the re-timing takes."""
+    value = args.noise_floor
+    if not math.isfinite(value) or not 0 <= value < 100:
+        raise UsageError(f"--noise-floor is a percentage from 0 to below 100, not {value:g}")
+    return value / 100
+
+
 def check_printable_name(name: str) -> None:
     """A study name this command would create: printable (it reaches terminals, file names and headers)."""
     if not name.isprintable():
@@ -94,6 +103,8 @@ def tune_settings(args: argparse.Namespace, n_trials: int | None):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
     check_seed(args.seed)
+    if hasattr(args, "noise_floor"):
+        noise_floor(args)
     return TuneSettings(
         n_trials=n_trials,
         timeout_s=args.timeout,

@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..problem import Problem
 from ..text import printable
 from . import _gpus
-from ._args import check_printable_name, check_seed, problem_from, tune_settings
+from ._args import check_printable_name, check_seed, noise_floor, problem_from, tune_settings
 
 __all__ = ["cmd_best", "cmd_check", "cmd_export", "cmd_replay", "cmd_report", "cmd_studies", "cmd_tune", "cmd_worker"]
 
@@ -38,6 +38,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         seed=args.seed,
         settings=tune_settings(args, args.trials),
+        noise_floor=noise_floor(args),
     )
     space = _validate_early(spec)
     gpus = _gpus.parse(args.gpus)
@@ -52,7 +53,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
-        return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
+        return _retime_and_print(spec, workers[0], args)
 
 
 def _tune_suite(args: argparse.Namespace) -> int:
@@ -72,6 +73,7 @@ def _tune_suite(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         seed=args.seed,
         settings=tune_settings(args, args.trials),
+        noise_floor=noise_floor(args),
     )
     _validate_early(base)
     gpus = _gpus.parse(args.gpus)
@@ -87,7 +89,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with compile_processes(spec.settings) as pool, _gpus.open_all(gpus) as (workers, infos):
         run_on_gpus(spec, gpus, infos, workers=workers, pool=pool)
         if args.top_k > 0:
-            return _retime_and_print(spec, workers[0], args.top_k, args.rounds)
+            return _retime_and_print(spec, workers[0], args)
     return 0
 
 
@@ -107,10 +109,13 @@ def _validate_early(spec):
     return space
 
 
-def _retime_and_print(spec, worker, top_k: int, rounds: int) -> int:
+def _retime_and_print(spec, worker, args: argparse.Namespace) -> int:
     from ..run import retime_winner
 
-    return _print_best(retime_winner(spec, worker.device, top_k=top_k, rounds=rounds, worker=worker), as_json=False)
+    study = retime_winner(
+        spec, worker.device, top_k=args.top_k, rounds=args.rounds, worker=worker, noise_floor=noise_floor(args)
+    )
+    return _print_best(study, as_json=False)
 
 
 def _print_best(study, *, as_json: bool) -> int:
@@ -125,11 +130,13 @@ def _print_best(study, *, as_json: bool) -> int:
     tflops = f"{chosen.tflops:.1f}" if chosen.tflops is not None else "?"
     speedup = chosen.speedup_over_default
     trial = f", trial {chosen.trial}" if chosen.trial is not None else ""
-    print(
-        f"best of {printable(chosen.study_name, 200)} ({printable(chosen.source, 80)}): {tflops} TFLOPS"
-        + (f", {speedup:.2f}x the default config" if speedup else "")
-        + trial
-    )
+    if chosen.beats_default is False:  # the re-timing kept the default: say so, with the margin
+        head = f"the default config, {tflops} TFLOPS{trial}: {chosen.verdict}"
+    elif chosen.verdict:
+        head = f"{tflops} TFLOPS, {chosen.verdict}{trial}"
+    else:  # a best trial, or a winner re-timed before winners were compared with a margin
+        head = f"{tflops} TFLOPS" + (f", {speedup:.2f}x the default config" if speedup else "") + trial
+    print(f"best of {printable(chosen.study_name, 200)} ({printable(chosen.source, 80)}): {head}")
     for name, value in chosen.config.items():
         print(f"  {name} = {value}")
     return 0

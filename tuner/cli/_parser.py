@@ -11,7 +11,7 @@ import argparse
 from .._version import __version__
 from ..devices import KNOWN_ARCHS
 from ..problem import DTYPES
-from ..run import default_compile_workers
+from ..run import DEFAULT_NOISE_FLOOR, DEFAULT_ROUNDS, default_compile_workers
 from ..text import printable
 from ._bench import cmd_bench
 from ._commands import cmd_best, cmd_check, cmd_export, cmd_replay, cmd_report, cmd_studies, cmd_tune, cmd_worker
@@ -130,10 +130,24 @@ def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
         "--top-k",
         type=int,
         default=top_k,
-        help="at the end, re-time the configs within the noise of the best, at most this many, with the "
-        "default (0: none; default %(default)s)",
+        help="at the end, re-time the best config and those within its noise, at most this many, with the "
+        "default (0: no re-timing; default %(default)s)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="interleaved re-timing rounds (default %(default)s)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="interleaved re-timing rounds, each a paired sample of every config and the default (default %(default)s)",
+    )
+    p.add_argument(
+        "--noise-floor",
+        type=float,
+        default=100 * DEFAULT_NOISE_FLOOR,
+        metavar="PERCENT",
+        help="the smallest lead over the default (percent) that makes a re-timed config the winner, however "
+        "small the measured noise; else the default is stored (default %(default)g: a measurement's "
+        "error between runs)",
+    )
 
 
 # -- the subcommands ----------------------------------------------------------------------------

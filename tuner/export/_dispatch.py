@@ -182,6 +182,8 @@ def _render_entries(fam: DispatchFamily, table: DispatchTable) -> list[str]:
         c = e.chosen
         tflops = f"{c.tflops:.1f} TFLOPS" if c.tflops is not None else "? TFLOPS"
         speedup = f", {c.speedup_over_default:.2f}x default" if c.speedup_over_default is not None else ""
+        if c.beats_default is False:  # the re-timing kept the default
+            speedup = f", the default: {comment_text(c.verdict.replace('±', '+-') if c.verdict else '', 120)}"
         lines.append(
             f"    // study {comment_text(c.study_name, 120)}: {tflops}{speedup}, "
             f"batch {c.problem.batch} heads {c.problem.heads_q}/{c.problem.heads_kv} "

@@ -48,13 +48,17 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
     p = chosen.problem
     shape = f"batch {p.batch}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, heads_q {p.heads_q}, heads_kv {p.heads_kv}"
     tflops = f"{chosen.tflops:.1f}" if chosen.tflops is not None else "?"
-    result = f"{tflops} TFLOPS ({'re-timed winner' if chosen.source == 'retimed' else 'best measured trial'}"
-    result += f", trial {chosen.trial})" if chosen.trial is not None else ")"
+    what = "re-timed winner" if chosen.source == "retimed" else "best measured trial"
+    if chosen.beats_default is False:
+        what = "the default config, kept by the re-timing"
+    result = f"{tflops} TFLOPS ({what}" + (f", trial {chosen.trial})" if chosen.trial is not None else ")")
     speedup = (
         f"{chosen.speedup_over_default:.3f}x the default config"
         if chosen.speedup_over_default is not None
         else "unknown (the default config was not measured)"
     )
+    if chosen.verdict:  # the re-timing's word on the default, with its margin (ASCII: a C comment)
+        speedup = chosen.verdict.replace("±", "+-")
     arch = chosen.space.arch_string(chosen.device.arch)
     rows = [
         ("kernel family", f"{chosen.family} (kernel_src/{chosen.space.family.source})"),
@@ -99,6 +103,11 @@ def render_header(
     width = max(len(k) for k, _ in _describe_rows(chosen, storage_url, now))
     lines = [
         f"// flashtune best config for kernel family {space.name}: generated, do not edit.",
+        *(
+            ["// This is the family's DEFAULT config: no tuned config beat it beyond the re-timing's noise."]
+            if chosen.beats_default is False
+            else []
+        ),
         "//",
         *(f"//   {k:<{width}}  {v}" for k, v in _describe_rows(chosen, storage_url, now)),
         "//",

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from .._version import __version__
-from ..study import describe_problem, mask_url
+from ..study import describe_problem, mask_url, winner_verdict
 from ._contour import get_contour_info, plot_contour
 from ._data import StudyData
 from ._history import get_history_info, plot_history
@@ -70,20 +70,26 @@ def _summary(data: StudyData, storage_url: str) -> str:
         ("default config", f"{data.default_tflops:.1f} TFLOPS" if data.default_tflops is not None else "not measured"),
     ]
     if isinstance(winner.get("tflops"), (int, float)):
-        speedup = winner.get("speedup_over_default")
-        rows.append(
-            (
-                "re-timed winner",
-                f"{winner['tflops']:.1f} TFLOPS, trial {winner.get('trial')}"
-                + (f", {speedup:.3f}x the default" if isinstance(speedup, (int, float)) else ""),
-            )
-        )
+        rows.append(("re-timed winner", _winner_text(winner)))
     rows.append(("storage", mask_url(storage_url)))
     return (
         '<table class="ft-summary">'
         + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
         + "</table>"
     )
+
+
+def _winner_text(winner: dict) -> str:
+    """The summary's line on the re-timed winner: its figure, and the re-timing's verdict on the default
+    (a winner stored before verdicts were: its speedup alone)."""
+    verdict = winner_verdict(winner)
+    figure = f"{winner['tflops']:.1f} TFLOPS, trial {winner.get('trial')}"
+    if winner.get("beats_default") is False:
+        return f"the default config ({figure}): {verdict}"
+    if verdict:
+        return f"{figure}, {verdict}"
+    speedup = winner.get("speedup_over_default")
+    return figure + (f", {speedup:.3f}x the default" if isinstance(speedup, (int, float)) else "")
 
 
 def study_sections(data: StudyData, storage_url: str, *, prefix: str = "study") -> list[Section]:

@@ -13,7 +13,15 @@ from ._contracts import Compile, Measure, MeasureFunction
 from ._loop import RunStats, TuneSettings, TuneSummary, default_compile_workers, tune
 from ._progress import Progress
 from ._replay import ReplayError, format_table, load_oracle, replay, replay_one, summarize
-from ._retime import retime_top, within_noise_of_best
+from ._retime import (
+    CONFIDENCE,
+    DEFAULT_NOISE_FLOOR,
+    DEFAULT_ROUNDS,
+    Comparison,
+    compare,
+    retime_top,
+    within_noise_of_best,
+)
 from ._run import (
     RunSpec,
     TuningRun,
@@ -33,6 +41,10 @@ from ._worker import Worker, WorkerCrashed, WorkerError, WorkerTimeout, WorkerUn
 
 __all__ = [
     "COMPILE_NICENESS",
+    "CONFIDENCE",
+    "DEFAULT_NOISE_FLOOR",
+    "DEFAULT_ROUNDS",
+    "Comparison",
     "Compile",
     "Measure",
     "MeasureFunction",
@@ -49,6 +61,7 @@ __all__ = [
     "WorkerTimeout",
     "WorkerUnavailable",
     "additive",
+    "compare",
     "compile_pool",
     "compile_processes",
     "default_compile_workers",

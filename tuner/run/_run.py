@@ -37,6 +37,7 @@ from ..study import Suite, mask_url, open_storage, requeue_stale
 from ..text import printable
 from ._loop import TuneSettings, TuneSummary, tune
 from ._progress import Progress
+from ._retime import DEFAULT_NOISE_FLOOR
 from ._threads import compile_pool
 from ._worker import Worker, WorkerError
 
@@ -69,6 +70,8 @@ class RunSpec:
     sampler: str = DEFAULT_SEARCH  # the search's name (tuner.search.SEARCHES)
     seed: int | None = None
     settings: TuneSettings = field(default_factory=TuneSettings)
+    # the smallest lead over the default that makes a re-timed config the winner (retime_winner)
+    noise_floor: float = DEFAULT_NOISE_FLOOR
     handler: type[GpuHandler] | None = None  # the GPU worker's handler (None: CupyHandler; tests substitute one)
     compiler: str = "tuner.compile:compile_outcome"  # "module:function" run in the compile pool
 
@@ -249,16 +252,27 @@ def join_study(
     return TuningRun(spec=spec, space=load_space(spec.family), storage=storage, study=study)
 
 
-def retime_winner(run: TuningRun, gpu: int, *, top_k: int, rounds: int, worker: Worker | None = None) -> optuna.Study:
-    """Re-time the study's best ``top_k`` configs and the default on ``gpu`` (``top_k`` 0: none), with
-    ``worker`` when given (else one of its own); the winner is stored on the study. Returns the study."""
+def retime_winner(
+    run: TuningRun,
+    gpu: int,
+    *,
+    top_k: int,
+    rounds: int,
+    worker: Worker | None = None,
+    noise_floor: float | None = None,
+) -> optuna.Study:
+    """Re-time the study's best trial, the others within its noise (at most ``top_k`` in all) and the
+    default on ``gpu`` (``top_k`` 0: none), with ``worker`` when given (else one of its own); the winner,
+    the default unless a config beats it beyond noise (at least ``noise_floor``, default the spec's),
+    is stored on the study. Returns the study."""
     from ._retime import retime_top
 
     spec = run.spec
+    floor = spec.noise_floor if noise_floor is None else noise_floor
     if top_k > 0:
         print(
-            f"re-timing the configs within the noise of the best (at most {top_k}) and the default, "
-            f"{rounds} rounds ...",
+            f"re-timing the best config, those within its noise (at most {top_k} in all) and the default, "
+            f"{rounds} interleaved rounds; a win needs a lead beyond the noise, at least {floor:.1%} ...",
             file=sys.stderr,
         )
         with contextlib.ExitStack() as stack:
@@ -274,6 +288,8 @@ def retime_winner(run: TuningRun, gpu: int, *, top_k: int, rounds: int, worker: 
                 lambda job: worker.measure(job, timeout_s=timeout),
                 top_k=top_k,
                 rounds=rounds,
+                noise_floor=floor,
+                seed=spec.seed,
                 settings=spec.settings.measure,
             )
     return run.study

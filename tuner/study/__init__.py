@@ -59,6 +59,7 @@ from ._meta import (
     space_digest,
     study_problem,
     winner,
+    winner_verdict,
 )
 from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
@@ -158,4 +159,5 @@ __all__ = [
     "this_process",
     "trial_id_of",
     "winner",
+    "winner_verdict",
 ]

@@ -62,6 +62,7 @@ __all__ = [
     "space_digest",
     "study_problem",
     "winner",
+    "winner_verdict",
 ]
 
 SCHEMA_VERSION = 1
@@ -327,8 +328,9 @@ def winner(study: optuna.Study) -> dict[str, Any] | None:
     """The re-timed winner, else the best measured trial, as a plain dict.
 
     A trial that was not COMPLETE when the winner was re-timed (``seen_trials`` of the stored
-    winner) and measured faster than the winner re-timed makes the winner stale: then the best
-    trial is returned, with ``source`` saying so (re-timing again settles it).
+    winner) and measured faster than the winner re-timed, by more than the re-timing's ``margin``
+    (a winner stored before margins were: by anything), makes the winner stale: then the best trial
+    is returned, with ``source`` saying so (re-timing again settles it).
     """
     stored = study.user_attrs.get(WINNER)
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
@@ -340,7 +342,8 @@ def winner(study: optuna.Study) -> dict[str, Any] | None:
         for t in complete
         if stored and "seen_trials" in stored and t.number not in seen and DUPLICATE_OF not in t.user_attrs
     ]  # a repeat only copies an older trial's figure
-    if stored and not any(t.value > stored.get("tflops", 0.0) for t in newer):
+    beyond = 1 + ((_finite(stored.get("margin")) or 0.0) if stored else 0.0)
+    if stored and not any(t.value > stored.get("tflops", 0.0) * beyond for t in newer):
         return dict(stored, source="retimed")
     if not complete:
         return None
@@ -354,6 +357,28 @@ def winner(study: optuna.Study) -> dict[str, Any] | None:
         "source": source,
         "latency_ms": measurement.get("latency_ms") if isinstance(measurement, dict) else None,
     }
+
+
+def winner_verdict(entry: Mapping[str, Any]) -> str | None:
+    """What a re-timed winner says about the default, in words (``best``, ``export`` and the report print
+    it): "no config beats the default beyond noise (±x%)" when the default was stored as the winner, the
+    winner's speedup and margin when it beat the default; None for a winner stored before re-timing
+    compared against the default with a margin (it says nothing about noise) or for a best trial."""
+    if "beats_default" not in entry:
+        return None
+    beats, margin = entry.get("beats_default"), _finite(entry.get("margin"))
+    if beats is None:
+        return "the default config was not re-timed, so the winner was not compared with it"
+    shown = f"±{margin:.1%}" if margin is not None else "±?"
+    if not beats:
+        closest = entry.get("challenger")
+        said = f"no config beats the default beyond noise ({shown})"
+        if isinstance(closest, Mapping) and _finite(closest.get("speedup_over_default")) is not None:
+            said += f": the closest, trial {closest.get('trial')}, measured {closest['speedup_over_default']:.3f}x"
+        return said
+    speedup = _finite(entry.get("speedup_over_default"))
+    lead = f"{speedup:.3f}x the default" if speedup is not None else "faster than the default"
+    return f"{lead}, beyond noise ({shown})"
 
 
 def default_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -381,6 +406,11 @@ class ChosenConfig:
     measured_on: str | None  # date the winner was re-timed, when it was
     made_by: str  # flashtune version that created the study
     latency_ms: float | None = None
+    is_default: bool = False  # the chosen config is the family's default for the study's head dim
+    # the re-timing's verdict (None: a winner stored before it compared with a margin, or a best trial)
+    beats_default: bool | None = None
+    margin: float | None = None  # the lead over the default a win needed (relative)
+    verdict: str | None = None  # :func:`winner_verdict`
 
     @property
     def family(self) -> str:
@@ -396,6 +426,10 @@ class ChosenConfig:
             "tflops": self.tflops,
             "latency_ms": self.latency_ms,
             "speedup_over_default": self.speedup_over_default,
+            "is_default": self.is_default,
+            "beats_default": self.beats_default,
+            "margin": self.margin,
+            "verdict": self.verdict,
             "config": dict(self.config),
             "problem": self.problem.to_dict(),
             "gpu": self.gpu_name,
@@ -470,7 +504,21 @@ def choose(study: optuna.Study) -> ChosenConfig:
         measured_on=str(best["date"]) if best.get("date") else None,
         made_by=meta.version,
         latency_ms=_finite(best.get("latency_ms")),
+        is_default=config == space.defaults(meta.problem.head_dim),
+        **_verdict_fields(best),
     )
+
+
+def _verdict_fields(best: Mapping[str, Any]) -> dict[str, Any]:
+    """The re-timing's verdict on the default, for :class:`ChosenConfig` (none for a best trial)."""
+    if best.get("source") != "retimed":
+        return {"beats_default": None, "margin": None, "verdict": None}
+    beats = best.get("beats_default")
+    return {
+        "beats_default": beats if isinstance(beats, bool) else None,
+        "margin": _finite(best.get("margin")),
+        "verdict": winner_verdict(best),
+    }
 
 
 def describe(storage: optuna.storages.BaseStorage) -> list[StudyInfo]:
