@@ -10,11 +10,13 @@ Importing this package needs no GPU, CuPy, PyTorch or Optuna.
 """
 
 from ._api import attention, register_torch_op, resolve_config
-from ._attention import AttentionError, clear_cache
-from ._tuned import TunedConfigs, TunedError, load_tuned, parse_tuned_json, tuned_configs
+from ._attention import AttentionError, AutoConfigWarning, clear_cache
+from ._tuned import SHIPPED_DIR, TunedConfigs, TunedError, load_tuned, parse_tuned_json, shipped_tuned, tuned_configs
 
 __all__ = [
+    "SHIPPED_DIR",
     "AttentionError",
+    "AutoConfigWarning",
     "TunedConfigs",
     "TunedError",
     "attention",
@@ -23,5 +25,6 @@ __all__ = [
     "parse_tuned_json",
     "register_torch_op",
     "resolve_config",
+    "shipped_tuned",
     "tuned_configs",
 ]

@@ -419,6 +419,8 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
             f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
             "namespaces and study names)"
         )
+    if fam["name"] == "auto":
+        raise SpaceError(f'{where}: [family] name "auto" is reserved (family="auto" picks a family by the device)')
     if fam["name"] != path.stem:
         raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
     for key in ("source", "config_header"):
