@@ -14,7 +14,7 @@ from ._version import __version__
 from .devices import DeviceLimits, limits_for_arch
 from .errors import FlashtuneError
 from .problem import Problem
-from .serve import attention
+from .serve import attention, register_transformers, sdpa, sdpa_fallbacks, sdpa_patched
 from .space import Space, load_space
 
 __all__ = [
@@ -26,9 +26,16 @@ __all__ = [
     "attention",
     "limits_for_arch",
     "load_space",
+    "register_transformers",
+    "sdpa",
+    "sdpa_fallbacks",
+    "sdpa_patched",
 ]
 
 if "torch" in sys.modules:  # PyTorch is loaded already: register torch.ops.flashtune.attention (tuner.torch_op)
     from .serve import register_torch_op
 
     register_torch_op()
+
+if "transformers" in sys.modules:  # transformers is loaded already: register attn_implementation="tuner"
+    register_transformers()

@@ -1,8 +1,9 @@
 """A stand-in for the GPU under ``tuner.attention``'s cached path (tests/serve/test_attention.py, test_tuned.py).
 
-PyTorch CPU tensors count as tensors of CUDA device 0; the device limits are an H200's
-(nominal table); the compiled kernel function is a fake handle; ``cuLaunchKernel`` records
-what it was asked to launch and decodes the ``flat`` arguments (family sm80).
+PyTorch CPU tensors count as tensors of CUDA device 0; the device is a B200 for the ``flat``
+ABI (family sm80: sm_90a code does not run there, so ``family="auto"`` picks sm80) and an H200
+for ``sm90_tma`` (nominal tables); the compiled kernel function is a fake handle; ``cuLaunchKernel`` records what it was
+asked to launch and decodes the arguments of the stand-in's ABI.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def fake_tensor_map_encoder(address, dtype, rank, ptr, dims, strides, box, eleme
 
 
 H200 = limits_for_arch(90)
+B200 = limits_for_arch(100)
 
 
 class StandInGPU:
@@ -46,8 +48,9 @@ class StandInGPU:
         "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"],
     }
 
-    def __init__(self, abi: str = "flat") -> None:
+    def __init__(self, abi: str = "flat", device=None) -> None:
         self.abi = abi
+        self.device = device if device is not None else (B200 if abi == "flat" else H200)
         self.launches: list[dict] = []
         self.loaded: list[dict] = []
 
@@ -84,7 +87,7 @@ def install(monkeypatch, stand_in: StandInGPU) -> None:
     monkeypatch.setattr(ta, "_torch_device", lambda t: 0)
     monkeypatch.setattr(ta, "_torch_stream", lambda torch, device: 0x5EA)
     monkeypatch.setattr(ta, "_torch_capturing", lambda torch: False)
-    monkeypatch.setattr(ta, "_device_limits", lambda device_id: H200)
+    monkeypatch.setattr(ta, "_device_limits", lambda device_id: stand_in.device)
     monkeypatch.setattr(ta, "_load_function", stand_in.load_function)
     monkeypatch.setattr(ta, "_select_device", lambda device_id: contextlib.nullcontext())
     monkeypatch.setattr(ta, "_current_context", lambda: 0xC0)

@@ -1,7 +1,7 @@
 """``tuner.attention``'s cached launch path without a GPU: PyTorch CPU tensors stand in for CUDA ones.
 
-What stands in: the device index of a tensor (0), PyTorch's stream, the device limits (an
-H200 by the nominal table), the compiled kernel function and ``cuLaunchKernel`` (which
+What stands in: the device index of a tensor (0), PyTorch's stream, the device limits (a
+B200 by the nominal table, where ``family="auto"`` is sm80), the compiled kernel function and ``cuLaunchKernel`` (which
 records what it was asked to launch and decodes the ``flat`` arguments). Everything else runs
 for real: the space file, config headers and dispatch JSON, validation, launch geometry, the
 plan cache and the argument packing.
@@ -55,7 +55,7 @@ def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
     space = load_space(FAMILY)
     config = space.defaults(128)
     problem = gpu.loaded[-1]["problem"]
-    geometry = space.launch(config, problem, H200)
+    geometry = space.launch(config, problem, gpu.device)
     assert gpu.loaded[-1]["config"] == config and problem.causal and problem.heads_kv == 2
     launched = gpu.last
     assert (launched["grid"], launched["threads"], launched["smem_bytes"]) == (
@@ -137,7 +137,16 @@ def test_clear_cache_forgets_everything_the_plan_cache_holds(gpu, tmp_path):
     tuner.attention(q, k, v, causal=True, config=header)
     cache = ta._cache
     caches = {name: value for name, value in vars(cache).items() if isinstance(value, dict)}
-    assert set(caches) == {"space_paths", "spaces", "header_configs", "plans", "limits", "cubins", "modules"}
+    assert set(caches) == {
+        "space_paths",
+        "spaces",
+        "header_configs",
+        "header_families",
+        "plans",
+        "limits",
+        "cubins",
+        "modules",
+    }
     # the stand-in GPU skips the device query, the compile and the module load: fill those as a GPU would
     cache.limits[0], cache.cubins[("space", "config")], cache.modules[(0, "k.cubin")] = H200, ("k.cubin", "e"), object()
     assert all(caches.values()), [name for name, value in caches.items() if not value]
@@ -249,7 +258,6 @@ def test_bad_inputs_get_one_line_errors(gpu, monkeypatch):
         ((q, k.bfloat16(), v), {}, "share a dtype"),
         ((q, k.numpy(), v), {}, "must all be CuPy arrays or all PyTorch tensors"),
         ((q, k, v), {"config": 42}, "config must be None, 'auto'"),
-        ((q, k, v), {"config": "auto"}, "needs tuned="),
         ((q, k, v), {"tuned": "x.json"}, "tuned= goes with config='auto'"),
         ((q, k, v), {"config": "auto", "tuned": "x.txt"}, "give the .json"),
         ((q, k, v), {"config": {"block_m": [64]}}, "map knob names to integers"),

@@ -64,7 +64,7 @@ def test_the_operator_is_registered_with_its_schema():
     assert schema == (
         "flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False, "
         "float? softmax_scale=None, "
-        'str family="sm80", str? config=None, str? tuned=None) -> (Tensor, Tensor)'
+        'str family="auto", str? config=None, str? tuned=None) -> (Tensor, Tensor)'
     )
 
 
@@ -117,7 +117,7 @@ def test_torch_compile_fullgraph_traces_the_operator_and_tuner_attention(cpu_ker
         torch.testing.assert_close(a, b)
     # the compiled graph called the operator, with the string arguments as given
     assert (True, None, "sm80", "auto", "dispatch.json") in cpu_kernel
-    assert (False, 0.2, "sm80", "best.h", None) in cpu_kernel
+    assert (False, 0.2, "auto", "best.h", None) in cpu_kernel
     assert torch._dynamo.explain(model)(q, k, v).graph_break_count == 0
 
 

@@ -20,7 +20,7 @@ from ._dispatch import (
     render_dispatch_json,
 )
 from ._header import comment_text, export_study, read_header, render_header
-from ._read_header import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
+from ._read_header import MAX_HEADER_BYTES, HeaderError, decode_header, header_family, parse_header
 from ._table import JSON_FORMAT, DispatchTable, TableError, table_from_json
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "comment_text",
     "decode_header",
     "export_study",
+    "header_family",
     "parse_header",
     "read_header",
     "render_dispatch",

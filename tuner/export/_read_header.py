@@ -21,7 +21,15 @@ from ..files import FileContentError, read_limited
 from ..problem import Problem
 from ..space import Config, ConfigError, Space
 
-__all__ = ["MAX_HEADER_BYTES", "HeaderError", "active_defines", "decode_header", "parse_header", "read_header"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "HeaderError",
+    "active_defines",
+    "decode_header",
+    "header_family",
+    "parse_header",
+    "read_header",
+]
 
 MAX_HEADER_BYTES = 1 << 20  # an exported header is about 3 KB
 _MAX_DIGITS = 18  # every value fits a 64-bit integer
@@ -186,9 +194,12 @@ def _integer(name: str, value: str, where: str) -> int:
     return int(m.group(1))
 
 
-def parse_header(text: str, where: str, space: Space, problem: Problem | None = None) -> Config:
-    """The knob values a header's active ``#define``s give, validated against ``space`` (and ``problem``)."""
-    defines = active_defines(text, where)
+def header_family(text: str, where: str) -> str:
+    """The family a header names (``#define FLASHTUNE_FAMILY "sm90"``): what ``config=`` a header runs on."""
+    return _family_of(active_defines(text, where), where)
+
+
+def _family_of(defines: Mapping[str, str], where: str) -> str:
     family_text = defines.get("FLASHTUNE_FAMILY")
     if family_text is None:
         raise HeaderError(f"{where} defines no FLASHTUNE_FAMILY: not a config header written by `flashtune export`")
@@ -198,8 +209,18 @@ def parse_header(text: str, where: str, space: Space, problem: Problem | None = 
             f"{where}: malformed family line, FLASHTUNE_FAMILY is {family_text[:40]!r}; expected a "
             'quoted family name such as "sm80"'
         )
-    if m.group(1) != space.name:
-        raise HeaderError(f"{where} is a config of family {m.group(1)!r}, not {space.name!r}")
+    return m.group(1)
+
+
+def parse_header(text: str, where: str, space: Space, problem: Problem | None = None) -> Config:
+    """The knob values a header's active ``#define``s give, validated against ``space`` (and ``problem``)."""
+    defines = active_defines(text, where)
+    family = _family_of(defines, where)
+    if family != space.name:
+        raise HeaderError(
+            f"{where} is a config of family {family!r}, not {space.name!r}; leave family= out (or pass "
+            f"family={family!r}) to run it on the family it names"
+        )
     knob_macros = {k.macro: k.name for k in space.knobs}
     derived_macros = {d.macro for d in space.derived if d.macro}
     values: dict[str, int] = {}

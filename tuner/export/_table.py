@@ -42,6 +42,10 @@ class DispatchTable:
                 return config
         return self.default
 
+    def covers(self, dtype: str, head_dim: int, causal: bool) -> bool:
+        """Whether a tuned entry exists for (dtype, head_dim, causal): else :meth:`select` gives the default."""
+        return any(e[:3] == (dtype, head_dim, causal) for e in self.entries)
+
     def select(self, dtype: str, head_dim: int, causal: bool, seqlen: int) -> Config:
         """Among the entries of (dtype, head_dim, causal), the first (sorted by tuned seqlen) whose tuned
         seqlen is at least ``seqlen``; past the largest, the largest; none of them: the head dim's default."""

@@ -45,7 +45,7 @@ def attention(
     *,
     causal: bool = False,
     softmax_scale: float | None = None,
-    family: str = "sm80",
+    family: str = "auto",
     config: Mapping[str, Any] | str | Path | None = None,
     tuned: TunedConfigs | str | Path | None = None,
     return_lse: bool = False,
@@ -57,12 +57,17 @@ def attention(
         k, v: ``[batch, seqlen_k, heads_kv, head_dim]``, same kind and dtype; ``heads_kv`` divides ``heads_q``.
         causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + seqlen_k - seqlen_q``).
         softmax_scale: default ``1 / sqrt(head_dim)``.
-        family: kernel family (a file in ``search_spaces/``) or the path of a space file.
+        family: ``"auto"`` (the family a header or tuned table names, else the fastest family that runs on the
+            device: :func:`tuner.space.choose_family`), a kernel family (a file in ``search_spaces/``) or the
+            path of a space file.
         config: None (the family's defaults), a dict of knob values (others default), the path of a header
-            written by ``flashtune export`` (made for this head dim, dtype and mask), or ``"auto"``: the tuned
-            config of the bucket this shape falls in, as the dispatch header's ``select()`` picks it.
+            written by ``flashtune export`` (made for this head dim, dtype and mask; it names its family), or
+            ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's ``select()``
+            picks it; a shape the table does not cover gets the family default with one
+            :class:`AutoConfigWarning` per launch plan.
         tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
-            the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`.
+            the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`; without it the
+            table shipped with flashtune for the device's GPU (:func:`tuner.serve.shipped_tuned`).
         return_lse: also return the natural-log log-sum-exp, fp32 ``[batch, heads_q, seqlen_q]``.
 
     Returns:

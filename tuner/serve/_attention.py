@@ -27,22 +27,25 @@ import math
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import FlashtuneError
-from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, parse_header
+from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, header_family, parse_header
 from ..files import FileContentError, read_content
 from ..problem import DTYPES, Problem
-from ..space import Config, Space, load_space
-from ._tuned import TunedError, tuned_configs
+from ..space import AUTO_FAMILY, Config, Space, load_space
+from ._family import FamilyChoiceError, resolve_family
+from ._tuned import TunedConfigs, TunedError, shipped_tuned, tuned_configs
 
 __all__ = [
     "CAPTURE_FIRST_CALL",
     "FORWARD_ONLY",
     "AttentionError",
+    "AutoConfigWarning",
     "PlanCache",
     "clear_cache",
     "cupy_attention",
@@ -64,6 +67,10 @@ class AttentionError(FlashtuneError, ValueError):
     """The inputs or the config cannot run on this kernel family and device."""
 
 
+class AutoConfigWarning(UserWarning):
+    """``config="auto"`` serves a family default where no tuned config covers the call (once per plan)."""
+
+
 # -- the caches: keyed on file contents, not names ------------------------------------------------
 class PlanCache:
     """Every cache behind ``tuner.attention``, and the lock that plans are built under.
@@ -78,6 +85,7 @@ class PlanCache:
         self.space_paths: dict[Any, str] = {}  # family as given -> its space file
         self.spaces: dict[tuple[str, str], Space] = {}  # (space file, content digest) -> Space
         self.header_configs: dict[tuple, Config] = {}  # (header, digest, space key, problem kind) -> Config
+        self.header_families: dict[tuple[str, str], str] = {}  # (header, digest) -> the family it names
         self.plans: dict[tuple, _Plan] = {}  # the key of a call (see torch_attention) -> its plan
         self.limits: dict[int, Any] = {}  # device index -> its DeviceLimits
         self.cubins: dict[tuple, tuple[str, str]] = {}  # (space, config, macros, arch) -> (cubin path, entry)
@@ -87,7 +95,16 @@ class PlanCache:
         self.runtime: Any = None
 
     def caches(self) -> tuple[dict, ...]:
-        return (self.space_paths, self.spaces, self.header_configs, self.plans, self.limits, self.cubins, self.modules)
+        return (
+            self.space_paths,
+            self.spaces,
+            self.header_configs,
+            self.header_families,
+            self.plans,
+            self.limits,
+            self.cubins,
+            self.modules,
+        )
 
     def clear(self) -> None:
         """Empty every cache (a kernel module stays loaded while a plan that launches it is alive)."""
@@ -126,10 +143,7 @@ def _space(space_key: tuple[str, str]) -> Space:
 def _config_key(config: Any, tuned: Any) -> tuple:
     if isinstance(config, str) and config == "auto":
         if tuned is None:
-            raise AttentionError(
-                "config='auto' needs tuned=: the .json written by `flashtune export --dispatch`, "
-                "a suite file or a storage URL"
-            )
+            return ("auto", None)  # the table shipped for the device's GPU (found when the plan is built)
         try:
             return ("auto", tuned_configs(tuned))
         except TunedError as e:
@@ -158,7 +172,31 @@ def _config_key(config: Any, tuned: Any) -> tuple:
     )
 
 
-def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, problem: Problem) -> Config:
+def _header_family(config_key: tuple) -> str:
+    _, path, digest = config_key
+    family = _cache.header_families.get((path, digest))
+    if family is None:
+        try:
+            _, data = read_content(path, limit_bytes=MAX_HEADER_BYTES)
+            family = header_family(decode_header(data, path), path)
+        except (FileContentError, HeaderError) as e:
+            raise AttentionError(str(e)) from None
+        if len(_cache.header_families) > 256:
+            _cache.header_families.clear()
+        _cache.header_families[(path, digest)] = family
+    return family
+
+
+def _tuned_of(config_key: tuple, gpu_name: str) -> TunedConfigs | None:
+    """The table ``config="auto"`` selects from: the user's ``tuned=``, else the one shipped for this GPU."""
+    if config_key[0] != "auto":
+        return None
+    return config_key[1] if config_key[1] is not None else shipped_tuned(gpu_name)
+
+
+def _chosen_config(
+    space: Space, space_key: tuple[str, str], config_key: tuple, tuned: TunedConfigs | None, problem: Problem
+) -> Config:
     kind = config_key[0]
     if kind == "defaults":
         return space.defaults(problem.head_dim)
@@ -166,9 +204,12 @@ def _chosen_config(space: Space, space_key: tuple[str, str], config_key: tuple, 
         return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim)
     if kind == "auto":
         try:
-            return config_key[1].config_for(space, problem)
+            config, why_default = tuned.lookup(space, problem)
         except TunedError as e:
             raise AttentionError(str(e)) from None
+        if why_default:  # never a silent downgrade: once per plan (plans are built once per key)
+            warnings.warn(f"flashtune config='auto': {why_default}", AutoConfigWarning, stacklevel=5)
+        return config
     _, path, digest = config_key
     made_for = (problem.head_dim, problem.dtype, bool(problem.causal))
     key = (path, digest, space_key, made_for)
@@ -198,6 +239,8 @@ class _Plan:
     default_scale: float
     config: Config
     problem: Problem
+    family: Any  # the family the plan runs (resolved from "auto"), and its space file's key when built
+    space_key: tuple[str, str]
     # an LSE buffer per library ("torch", "cupy") for calls that do not return it: the kernel always writes
     # one, and not allocating it saves host time per call (several streams may write it at once: nobody reads it)
     scratch_lse: dict[str, Any] = field(default_factory=dict)
@@ -290,44 +333,62 @@ def _problem(q, k, v, dtypes: tuple[str, str, str], causal: bool) -> Problem:
         raise AttentionError(str(e)) from None
 
 
+def _family_key(family: Any) -> Any:
+    """A call's family in its plan key: ``"auto"`` as given (the plan remembers the space file it resolved to),
+    else (space file, digest of its content): one ``stat`` while the file is unchanged."""
+    if isinstance(family, str) and family == AUTO_FAMILY:
+        return family
+    return ("space", *_space_key(family))
+
+
+def _is_current(plan: _Plan | None, family_key: Any) -> bool:
+    """A cached plan whose space file is unchanged: in the key, or for ``"auto"`` checked here (one ``stat``)."""
+    if plan is None:
+        return False
+    return not isinstance(family_key, str) or _space_key(plan.family) == plan.space_key
+
+
 def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool, device_id: int, capturing) -> _Plan:
     """Validate everything about the call and build its plan (the slow path: once per key)."""
-    space_key, config_key = key[0], key[1]
+    family, config_key = key[0], key[1]
     with _cache.lock:
         plan = _cache.plans.get(key)
-        if plan is not None:
+        if _is_current(plan, family):
             return plan
-        space = _space(space_key)
         problem = _problem(q, k, v, dtypes, causal)
-        reason = space.supports(problem)
-        if reason:
-            raise AttentionError(reason)
-        chosen = _chosen_config(space, space_key, config_key, problem)
         if capturing():
             raise AttentionError(CAPTURE_FIRST_CALL)
         from cupy.cuda import driver, runtime
 
-        from ..gpu import Kernel
-
         _cache.driver, _cache.runtime = driver, runtime
         with _select_device(device_id):
             device = _device_limits(device_id)
+            tuned = _tuned_of(config_key, device.name)
+            if not isinstance(family, str):  # a family given by name or path: its space file is in the key
+                family = family[1]
+            try:
+                family = resolve_family(
+                    family,
+                    config_key[0],
+                    device.arch,
+                    problem,
+                    tuned=tuned,
+                    header_family=lambda: _header_family(config_key),
+                )
+            except FamilyChoiceError as e:
+                raise AttentionError(str(e)) from None
+            space_key = _space_key(family)
+            space = _space(space_key)
+            reason = space.supports(problem)
+            if reason:
+                raise AttentionError(reason)
+            chosen = _chosen_config(space, space_key, config_key, tuned, problem)
             reason = space.check(chosen, problem, device)
             if reason:
                 raise AttentionError(f"config {chosen} cannot run this problem on {device.name}: {reason}")
-            geometry = space.launch(chosen, problem, device)
-            kernel = Kernel(
-                _load_function(space, chosen, problem, device, device_id),
-                abi=space.family.abi,
-                grid=geometry.grid,
-                threads=geometry.threads,
-                smem_bytes=geometry.smem_bytes,
-                config=chosen,
-                abi_params=geometry.abi,
-            )
-            p = problem
-            launcher = kernel.launcher(p)
+            launcher = _launcher(space, chosen, problem, device, device_id)
             context = _current_context()
+        p = problem
         plan = _Plan(
             launcher=launcher,
             device=device_id,
@@ -337,6 +398,8 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
             default_scale=1.0 / math.sqrt(p.head_dim),
             config=chosen,
             problem=problem,
+            family=family,
+            space_key=space_key,
         )
         plans = _cache.plans
         if len(plans) >= _MAX_PLANS:
@@ -344,6 +407,23 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
                 del plans[old]
         plans[key] = plan
         return plan
+
+
+def _launcher(space: Space, chosen: Config, problem: Problem, device, device_id: int):
+    """The kernel of ``chosen`` for ``problem``, loaded on the device, as a launcher of its geometry."""
+    from ..gpu import Kernel
+
+    geometry = space.launch(chosen, problem, device)
+    kernel = Kernel(
+        _load_function(space, chosen, problem, device, device_id),
+        abi=space.family.abi,
+        grid=geometry.grid,
+        threads=geometry.threads,
+        smem_bytes=geometry.smem_bytes,
+        config=chosen,
+        abi_params=geometry.abi,
+    )
+    return kernel.launcher(problem)
 
 
 # -- PyTorch tensors ------------------------------------------------------------------------------------
@@ -411,7 +491,7 @@ def torch_attention(
         raise AttentionError(FORWARD_ONLY)
     device = _torch_device(q)
     key = (
-        _space_key(family),
+        _family_key(family),
         _config_key(config, tuned),
         device,
         _torch_device(k),
@@ -425,7 +505,7 @@ def torch_attention(
         causal,
     )
     plan = _cache.plans.get(key)
-    if plan is None:
+    if not _is_current(plan, key[0]):
         if on_new_plan is not None:
             on_new_plan()
         for name, x in (("q", q), ("k", k), ("v", v)):
@@ -489,7 +569,7 @@ def cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, 
         raise AttentionError(f"inputs must be CuPy arrays or PyTorch tensors, got {type(q).__name__}")
     device = q.device.id
     key = (
-        _space_key(family),
+        _family_key(family),
         _config_key(config, tuned),
         device,
         k.device.id,
@@ -504,7 +584,7 @@ def cupy_attention(q, k, v, causal: bool, softmax_scale, family, config, tuned, 
     )
     with cupy.cuda.Device(device):
         plan = _cache.plans.get(key)
-        if plan is None:
+        if not _is_current(plan, key[0]):
             if not device == key[3] == key[4]:
                 raise AttentionError(f"q, k and v must be on one device, got {device}, {key[3]} and {key[4]}")
             dtypes = (_cupy_dtype(cupy, q), _cupy_dtype(cupy, k), _cupy_dtype(cupy, v))

@@ -6,7 +6,7 @@
     o, lse = torch.ops.flashtune.attention(q, k, v, causal=True, config="best.h")
 
 Schema: ``flashtune::attention(Tensor q, Tensor k, Tensor v, bool causal=False,
-float? softmax_scale=None, str family="sm80", str? config=None, str? tuned=None) -> (Tensor, Tensor)``:
+float? softmax_scale=None, str family="auto", str? config=None, str? tuned=None) -> (Tensor, Tensor)``:
 O (contiguous, like ``q``) and the fp32 LSE ``[batch, heads_q, seqlen_q]``; the arguments mean
 what they mean for :func:`tuner.attention` (``config``: None, a header path or ``"auto"`` with
 ``tuned`` a dispatch JSON, suite file or storage URL; a dict of knobs cannot cross the schema).
@@ -53,7 +53,7 @@ def attention(
     v: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
-    family: str = "sm80",
+    family: str = "auto",
     config: str | None = None,
     tuned: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +62,7 @@ def attention(
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None):
+def _attention_fake(q, k, v, causal=False, softmax_scale=None, family="auto", config=None, tuned=None):
     """Shapes and dtypes of the result, after the checks that need no data (as :func:`tuner.attention` does them)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
@@ -104,7 +104,7 @@ def _text(value, what: str) -> str | None:
 
 
 def _attention_traced(
-    q, k, v, *, causal=False, softmax_scale=None, family="sm80", config=None, tuned=None, return_lse=False
+    q, k, v, *, causal=False, softmax_scale=None, family="auto", config=None, tuned=None, return_lse=False
 ):
     """What Dynamo traces in place of :func:`tuner.attention` on tensors: the operator."""
     o, lse = torch.ops.flashtune.attention(

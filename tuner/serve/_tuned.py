@@ -8,8 +8,15 @@ storage); :meth:`DispatchTable.select` is the header's ``select()`` in Python:
 
 - among the tuned entries of the same (dtype, head_dim, causal), the one with the smallest
   tuned query length at or above the call's ``seqlen_q``; above the largest, the largest;
-- no entry for (dtype, head_dim, causal): the family's default config for that head dim
-  (also for a family that no study tuned).
+- no entry for (dtype, head_dim, causal): the family's default config for that head dim, and
+  :meth:`TunedConfigs.lookup` says so (``tuner.attention`` warns once per launch plan);
+- a table of the user's that holds no configs of the call's family is refused (one line): it was
+  tuned for another family, which ``family="auto"`` would have picked.
+
+Measured tables ship inside the package (``tuner/serve/data/*.json``, dispatch JSONs as
+``flashtune export --dispatch`` writes them): :func:`shipped_tuned` finds the one whose ``gpu``
+is the device's name, which ``config="auto"`` without ``tuned=`` serves; a ``tuned=`` of the
+user's takes precedence.
 
 ``tuner.attention(..., config="auto", tuned=SOURCE)`` takes a :class:`TunedConfigs` or a
 source: a ``.json`` path, a suite file (``.toml``, its storage and studies) or a storage
@@ -20,11 +27,14 @@ file changes; a database server is read once per process (pass a new
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import FlashtuneError
@@ -33,9 +43,19 @@ from ..files import FileContentError, read_content
 from ..problem import Problem
 from ..space import Config, ConfigError, Space
 
-__all__ = ["TunedConfigs", "TunedError", "load_tuned", "parse_tuned_json", "tuned_configs"]
+__all__ = [
+    "SHIPPED_DIR",
+    "TunedConfigs",
+    "TunedError",
+    "load_tuned",
+    "parse_tuned_json",
+    "shipped_tuned",
+    "tuned_configs",
+]
 
 MAX_JSON_BYTES = 64 << 20
+#: the dispatch JSONs shipped with flashtune, one per GPU model (README, "Measured defaults")
+SHIPPED_DIR = Path(__file__).resolve().parent / "data"
 
 
 class TunedError(FlashtuneError, ValueError):
@@ -50,12 +70,26 @@ class TunedConfigs:
     source: str
     gpu: str = ""
     not_covered: tuple[str, ...] = field(default=())
+    shipped: bool = False  # flashtune's own measured table: a family it lacks gets the default, not an error
 
     def config_for(self, space: Space, problem: Problem) -> Config:
         """The config a dispatch header's ``select()`` gives ``problem``, checked against today's ``space``."""
+        return self.lookup(space, problem)[0]
+
+    def lookup(self, space: Space, problem: Problem) -> tuple[Config, str | None]:
+        """(config, None) for a tuned entry; (the family default, why) where the table has none for the
+        problem's (dtype, head dim, mask). A user's table without ``space``'s family raises :class:`TunedError`."""
         table = self.tables.get(space.name)
         if table is None:
-            return space.defaults(problem.head_dim)
+            if self.tables and not self.shipped:
+                raise TunedError(
+                    f"{self.source} holds {', '.join(sorted(self.tables))} configs, not {space.name}: leave "
+                    f'family= out ("auto" picks the table\'s family) or tune {space.name} and export it'
+                )
+            return space.defaults(problem.head_dim), (
+                f"{self.source} holds no {space.name} configs; the {space.name} default config serves "
+                f"{_bucket(problem)}"
+            )
         knobs = tuple(k.name for k in space.knobs)
         if table.knobs != knobs:
             raise TunedError(
@@ -64,12 +98,21 @@ class TunedConfigs:
             )
         config = table.select(problem.dtype, problem.head_dim, bool(problem.causal), problem.seqlen_q)
         try:
-            return space.validate(config)
+            config = space.validate(config)
         except ConfigError as e:
             raise TunedError(
                 f"{self.source}: a tuned {space.name} config no longer fits the space ({e}); export "
                 "the dispatch header and JSON again"
             ) from None
+        if table.covers(problem.dtype, problem.head_dim, bool(problem.causal)):
+            return config, None
+        return config, (
+            f"{self.source} has no tuned {space.name} config for {_bucket(problem)}; the family default serves it"
+        )
+
+
+def _bucket(problem: Problem) -> str:
+    return f"{problem.dtype} head dim {problem.head_dim} {'causal' if problem.causal else 'full'}"
 
 
 def _no_constant(name: str) -> Any:
@@ -229,3 +272,30 @@ def tuned_configs(source: TunedConfigs | str | os.PathLike) -> TunedConfigs:
             _by_token.clear()
         _by_token[token] = found
     return found
+
+
+# -- the tables shipped with flashtune ---------------------------------------------------------------
+def _gpu_key(name: str) -> str:
+    return " ".join(name.split()).casefold()
+
+
+@functools.cache
+def _shipped_tables(directory: Path) -> dict[str, TunedConfigs]:
+    """Every shipped dispatch JSON by its GPU's name (normalised); the first file by name wins a tie."""
+    found: dict[str, TunedConfigs] = {}
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+        tuned = dataclasses.replace(load_tuned(path), shipped=True, source=f"flashtune's {path.name}")
+        if tuned.gpu:
+            found.setdefault(_gpu_key(tuned.gpu), tuned)
+    return found
+
+
+def shipped_tuned(gpu_name: str, directory: Path | None = None) -> TunedConfigs:
+    """The measured table shipped for the GPU named ``gpu_name`` (as CUDA names it, e.g. ``NVIDIA H200``), or
+    an empty shipped table (every shape gets its family default) where flashtune ships none for it."""
+    found = _shipped_tables(directory or SHIPPED_DIR).get(_gpu_key(gpu_name))
+    if found is not None:
+        return found
+    return TunedConfigs(
+        tables={}, source=f"flashtune's shipped tables (none for {gpu_name or 'this GPU'})", gpu=gpu_name, shipped=True
+    )

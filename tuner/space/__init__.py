@@ -7,10 +7,12 @@ any compile (``Space.check``), the ``-D`` macros of a build (``Space.build_macro
 exported header (``Space.macros``), and the launch geometry (``Space.launch``). Derived values,
 constraints and launch sizes are small integer expressions (:func:`compile_expr`), which refuse
 anything but arithmetic, comparisons, conditionals and a few whitelisted functions.
+:func:`choose_family` is ``family="auto"``: the most specialised family that runs on a device.
 """
 
 from __future__ import annotations
 
+from ._choose import AUTO_FAMILY, choose_family, family_preference, rank_families
 from ._expr import Expr, ExprError, compile_expr
 from ._space import (
     Config,
@@ -28,6 +30,7 @@ from ._space import (
 )
 
 __all__ = [
+    "AUTO_FAMILY",
     "Config",
     "ConfigError",
     "Constraint",
@@ -40,7 +43,10 @@ __all__ = [
     "Space",
     "SpaceError",
     "available_families",
+    "choose_family",
     "compile_expr",
     "config_key",
+    "family_preference",
     "load_space",
+    "rank_families",
 ]

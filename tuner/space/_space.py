@@ -414,10 +414,10 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
         {"name", "source", "config_header", "entry", "abi", "min_arch", "head_dims", "dtypes"},
         {"description", "arch_suffix"},
     )
-    if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]):
+    if not isinstance(fam["name"], str) or not _NAME.fullmatch(fam["name"]) or fam["name"] == "auto":
         raise SpaceError(
             f"{where}: [family] name {fam['name']!r:.80} must be lower_snake_case (it names C++ "
-            "namespaces and study names)"
+            'namespaces and study names) and not "auto" (family="auto" picks a family by the device)'
         )
     if fam["name"] != path.stem:
         raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")

@@ -1,0 +1,117 @@
+"""``attn_implementation="tuner"`` (flashtune's kernels) in transformers, without a GPU and without downloads.
+
+Small randomly initialised models are built from configs here: a Llama-style decoder with
+grouped-query attention and a ViT-style encoder. On CPU tensors the registered function hands
+every call to transformers' own SDPA path, so the outputs equal ``attn_implementation="sdpa"``
+bit for bit; with the stand-in GPU (tests/fakes/standin_launch.py) the calls reach the kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
+
+import tuner  # noqa: E402
+from tuner.serve import ATTN_IMPLEMENTATION, reset_sdpa_fallbacks, sdpa_fallbacks  # noqa: E402
+
+sd = importlib.import_module("tuner.serve._sdpa")
+
+
+def llama(attn: str, dtype=torch.float32):
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # GQA: 2 query heads per K/V head
+        max_position_embeddings=512,
+        attn_implementation=attn,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaModel(config).to(dtype).eval()
+
+
+def vit(attn: str):
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head dim 64
+        intermediate_size=256,
+        attn_implementation=attn,
+    )
+    torch.manual_seed(0)
+    return transformers.ViTModel(config).eval()
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    assert tuner.register_transformers()
+    reset_sdpa_fallbacks()
+    yield
+    reset_sdpa_fallbacks()
+
+
+def test_the_name_is_registered_for_attention_and_masks():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.utils.generic import is_flash_attention_requested
+
+    assert ATTN_IMPLEMENTATION == "tuner"  # no "flash" in it: transformers would import a FlashAttention build
+    assert not is_flash_attention_requested(requested_attention_implementation=ATTN_IMPLEMENTATION)
+    assert AttentionInterface._global_mapping["tuner"] is tuner.serve.flashtune_attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["tuner"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+
+
+@torch.no_grad()
+def test_llama_decoder_on_cpu_equals_sdpa():
+    ids = torch.randint(0, 128, (2, 24))
+    padded = torch.ones(2, 24, dtype=torch.long)
+    padded[1, :5] = 0  # left padding: a mask tensor
+    for mask in (None, padded):
+        ours = llama(ATTN_IMPLEMENTATION)(input_ids=ids, attention_mask=mask).last_hidden_state
+        theirs = llama("sdpa")(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert torch.equal(ours, theirs)
+    assert sdpa_fallbacks().get("cpu", 0) + sdpa_fallbacks().get("attn_mask", 0) == 4  # 2 layers x 2 runs
+    assert set(sdpa_fallbacks()) <= {"cpu", "attn_mask"}
+
+
+@torch.no_grad()
+def test_vit_encoder_on_cpu_equals_sdpa():
+    pixels = torch.randn(2, 3, 32, 32)
+    ours = vit(ATTN_IMPLEMENTATION)(pixel_values=pixels).last_hidden_state
+    theirs = vit("sdpa")(pixel_values=pixels).last_hidden_state
+    assert torch.equal(ours, theirs) and sdpa_fallbacks() == {"cpu": 2}
+
+
+@torch.no_grad()
+def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypatch):
+    """Stand-in GPU: a causal, GQA prefill reaches the kernel once per layer, q/k/v read in place."""
+    pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
+    from tests.fakes.standin_launch import StandInGPU, install
+
+    gpu = StandInGPU()
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
+    monkeypatch.setattr(sd, "_device_arch", lambda torch, index: 100)
+    seen = []
+    real = sd.sdpa
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.data_ptr(), q.transpose(1, 2).stride()[:3], args))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr("tuner.serve._transformers.sdpa", spy)
+    model = llama(ATTN_IMPLEMENTATION, dtype=torch.float16)
+    model(input_ids=torch.randint(0, 128, (2, 64)))
+    assert sdpa_fallbacks() == {} and len(gpu.launches) == 2 == len(seen)
+    for launch, (ptr, strides, args) in zip(gpu.launches, seen):
+        assert launch["args"][0] == ptr and launch["args"][10:13] == list(strides)
+        assert args[2] is True and launch["args"][8:10] == [4, 2]  # causal; 4 query heads on 2 K/V heads
+    tuner.serve.clear_cache()
