@@ -29,7 +29,17 @@ from ..gpu import MeasureSettings, measure_job_for
 from ..problem import Problem
 from ..run import Worker
 from ..space import Space, load_space
-from ..study import ChosenConfig, StudyError, StudyMeta, Suite, choose, mask_url, open_storage, suite_studies
+from ..study import (
+    ChosenConfig,
+    StudyError,
+    StudyMeta,
+    Suite,
+    SuiteStudy,
+    choose,
+    mask_url,
+    open_storage,
+    suite_studies,
+)
 
 __all__ = ["BenchRow", "bench_suite", "markdown_table"]
 
@@ -143,8 +153,22 @@ def bench_suite(
     space = load_space(suite.family)
     device = DeviceLimits.from_info(info)
     storage = open_storage(storage_url, create=False)
-    rows = []
     entries = suite_studies(storage, suite)
+    rows = _chosen_rows(storage, entries, info)
+    if compile_workers > 1:
+        _compile_up_front(space, rows, device, ablate, compiler, compile_workers)
+    for i, row in enumerate(rows, 1):
+        _measure_row(worker, space, row, device, settings, ablate, compiler)
+        if log is not None:
+            _log_row(row, i, len(entries), log)
+    return rows
+
+
+def _chosen_rows(
+    storage: optuna.storages.BaseStorage, entries: list[SuiteStudy], info: dict[str, Any]
+) -> list[BenchRow]:
+    """A row per suite entry with the config its study chose on this GPU model, or a note saying why none."""
+    rows = []
     for entry in entries:
         row = BenchRow(problem=entry.problem)
         rows.append(row)
@@ -155,38 +179,59 @@ def bench_suite(
             row.note = why
         else:
             row.config = dict(chosen.config)
-    if compile_workers > 1:  # every kernel the run times, compiled up front in parallel (the cubin cache keeps them)
-        jobs = [
-            (variant, row.problem)
-            for row in rows
-            if row.config
-            for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
-            if space.check(variant, row.problem, device) is None
-        ]
-        with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(functools.partial(_warm, compiler, str(space.path), device=device), jobs))
-    for i, row in enumerate(rows, 1):
-        if row.config:
-            row.tflops, row.note = _time(
-                worker, space, row.config, row.problem, device, settings, "bench-suite", compiler
-            )
-            if ablate and row.tflops:
-                for name, variant in _ablations(space, row).items():
-                    row.ablations[name], _ = _time(
-                        worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
-                    )
-        if row.config or row.study:
-            peers = worker.peers(row.problem, settings, timeout_s=900)
-            row.peers = {p["name"]: p.get("tflops") for p in peers}
-        if log is not None:
-            ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
-            cudnn = row.ratio("cudnn")
-            print(
-                f"bench [{i}/{len(entries)}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else ""),
-                file=log,
-                flush=True,
-            )
     return rows
+
+
+def _compile_up_front(
+    space: Space,
+    rows: list[BenchRow],
+    device: DeviceLimits,
+    ablate: bool,
+    compiler: Callable[..., CompileOutcome],
+    compile_workers: int,
+) -> None:
+    """Every kernel the run times, compiled up front in parallel (the cubin cache keeps them)."""
+    jobs = [
+        (variant, row.problem)
+        for row in rows
+        if row.config
+        for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
+        if space.check(variant, row.problem, device) is None
+    ]
+    with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(functools.partial(_warm, compiler, str(space.path), device=device), jobs))
+
+
+def _measure_row(
+    worker: Worker,
+    space: Space,
+    row: BenchRow,
+    device: DeviceLimits,
+    settings: MeasureSettings,
+    ablate: bool,
+    compiler: Callable[..., CompileOutcome],
+) -> None:
+    """Time ``row``'s config (and its ablations), then ask the worker for the peers' figures."""
+    if row.config:
+        row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
+        if ablate and row.tflops:
+            for name, variant in _ablations(space, row).items():
+                row.ablations[name], _ = _time(
+                    worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
+                )
+    if row.config or row.study:
+        peers = worker.peers(row.problem, settings, timeout_s=900)
+        row.peers = {p["name"]: p.get("tflops") for p in peers}
+
+
+def _log_row(row: BenchRow, i: int, total: int, log: TextIO) -> None:
+    ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
+    cudnn = row.ratio("cudnn")
+    print(
+        f"bench [{i}/{total}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else ""),
+        file=log,
+        flush=True,
+    )
 
 
 def _git_commit() -> str | None:

@@ -101,16 +101,7 @@ def check_space(
     to enumerate)."""
     space = load_space(family)
     report = CheckReport(space)
-    unsupported = space.supports(problem)
-    if unsupported:
-        raise ProblemError(unsupported)
-    wrong_arch = space.runs_on(device.arch)
-    if wrong_arch:
-        raise UsageError(f"{wrong_arch}: pass --arch {space.family.min_arch}")
-    if samples is not None and samples < 0:
-        raise UsageError(f"--samples must be 'all' (every feasible config) or a positive number, not {samples}")
-    if not 1 <= jobs <= MAX_JOBS:
-        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS} (compile processes on this machine), not {jobs}")
+    _validate_arguments(space, problem, device, samples, jobs)
     rng = random.Random(seed)
     default = space.defaults(problem.head_dim)
     candidates, exhaustive = static_candidates(space, default, rng)
@@ -121,32 +112,89 @@ def check_space(
         )
     if samples is None:
         samples = AUTO_SAMPLES
+    feasible = _static_check(report, candidates, problem, device, default)
+    chosen = _compile_sample(feasible, default, samples, rng)
+    if out:
+        _announce(space, problem, device, candidates, exhaustive, feasible, chosen, jobs, out)
+    _compile(report, chosen, problem, device, default, jobs, out)
+    if out:
+        _summary(report, out)
+    return report
+
+
+def _validate_arguments(space: Space, problem: Problem, device: DeviceLimits, samples: int | None, jobs: int) -> None:
+    unsupported = space.supports(problem)
+    if unsupported:
+        raise ProblemError(unsupported)
+    wrong_arch = space.runs_on(device.arch)
+    if wrong_arch:
+        raise UsageError(f"{wrong_arch}: pass --arch {space.family.min_arch}")
+    if samples is not None and samples < 0:
+        raise UsageError(f"--samples must be 'all' (every feasible config) or a positive number, not {samples}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS} (compile processes on this machine), not {jobs}")
+
+
+def _static_check(
+    report: CheckReport, candidates: list[Config], problem: Problem, device: DeviceLimits, default: Config
+) -> list[Config]:
+    """Record the statically infeasible candidates in ``report``; return the feasible ones."""
     feasible: list[Config] = []
     for config in candidates:
-        reason = space.check(config, problem, device)
+        reason = report.space.check(config, problem, device)
         if reason:
             report.rows.append(CheckRow(config, Status.INFEASIBLE, reason, is_default=config == default))
         else:
             feasible.append(config)
-    chosen = feasible
+    return feasible
+
+
+def _compile_sample(feasible: list[Config], default: Config, samples: int, rng: random.Random) -> list[Config]:
+    """The feasible configs to compile: all of them, or ``samples`` of them with the default among them."""
     if samples and len(feasible) > samples:
         others = [c for c in feasible if c != default]
-        chosen = rng.sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
-    if out:
-        share = (
-            f"{len(feasible)} statically feasible"
-            if exhaustive
-            else f"{len(feasible)} of {len(candidates):,} random points statically feasible "
-            f"(~{len(feasible) / len(candidates):.1%} of the grid)"
-        )
-        every = "every feasible one" if len(chosen) == len(feasible) else "a sample; --samples all for every one"
-        print(
-            f"{space.name} on sm_{space.arch_string(device.arch)} for {problem.dtype} d{problem.head_dim} "
-            f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
-            f"compiling {len(chosen)} ({every}) with {jobs} processes",
-            file=out,
-            flush=True,
-        )
+        return rng.sample(others, samples - (default in feasible)) + ([default] if default in feasible else [])
+    return feasible
+
+
+def _announce(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    candidates: list[Config],
+    exhaustive: bool,
+    feasible: list[Config],
+    chosen: list[Config],
+    jobs: int,
+    out: TextIO,
+) -> None:
+    share = (
+        f"{len(feasible)} statically feasible"
+        if exhaustive
+        else f"{len(feasible)} of {len(candidates):,} random points statically feasible "
+        f"(~{len(feasible) / len(candidates):.1%} of the grid)"
+    )
+    every = "every feasible one" if len(chosen) == len(feasible) else "a sample; --samples all for every one"
+    print(
+        f"{space.name} on sm_{space.arch_string(device.arch)} for {problem.dtype} d{problem.head_dim} "
+        f"{'causal' if problem.causal else 'non-causal'}: {space.size():,} configs, {share}, "
+        f"compiling {len(chosen)} ({every}) with {jobs} processes",
+        file=out,
+        flush=True,
+    )
+
+
+def _compile(
+    report: CheckReport,
+    chosen: list[Config],
+    problem: Problem,
+    device: DeviceLimits,
+    default: Config,
+    jobs: int,
+    out: TextIO | None,
+) -> None:
+    """Compile ``chosen`` with nvcc and ptxas in ``jobs`` processes, a row in ``report`` for each as it ends."""
+    space = report.space
     with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(chosen))), mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
         for i, future in enumerate(cf.as_completed(futures), 1):
@@ -162,9 +210,6 @@ def check_space(
             report.rows.append(row)
             if out:
                 print(f"[{i}/{len(chosen)}] {_line(row)}", file=out, flush=True)
-    if out:
-        _summary(report, out)
-    return report
 
 
 def _line(row: CheckRow) -> str:

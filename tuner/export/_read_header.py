@@ -124,49 +124,61 @@ def active_defines(text: str, where: str) -> dict[str, str]:
         m = _DIRECTIVE.match(line)
         name, rest = (m.group(1) or ""), m.group(2).strip()
         at = f"{where} line {number}"
-        if name in ("if", "ifdef", "ifndef"):
-            if not active:
-                taken = False  # a skipped group's conditions are not evaluated
-            elif name == "if":
-                taken = _condition(rest, defines, at)
-            elif re.fullmatch(_IDENT, rest):
-                taken = (rest in defines) == (name == "ifdef")
-            else:
-                raise HeaderError(f"{at}: #{name} needs one macro name, got {rest[:60]!r}")
-            stack.append([active, taken, taken, False])
-        elif name in ("elif", "else", "endif"):
-            if not stack:
-                raise HeaderError(f"{at}: #{name} without #if")
-            outer, done, _, seen_else = stack[-1]
-            if name == "endif":
-                stack.pop()
-            elif seen_else:
-                raise HeaderError(f"{at}: #{name} after #else")
-            elif name == "else":
-                stack[-1] = [outer, True, outer and not done, True]
-            else:
-                now = outer and not done and _condition(rest, defines, at)
-                stack[-1] = [outer, done or now, now, False]
-        elif not active:
-            continue  # other directives in a skipped group are not interpreted
-        elif name == "define":
-            _define(rest, defines, at)
-        elif name == "undef":
-            if not re.fullmatch(_IDENT, rest):
-                raise HeaderError(f"{at}: #undef needs one macro name, got {rest[:60]!r}")
-            defines.pop(rest, None)
-        elif name in ("pragma", "warning", ""):
-            continue
-        elif name == "error":
-            raise HeaderError(f"{at}: #error {rest[:100]}")
-        else:
-            raise HeaderError(
-                f"{at}: #{name[:20]} is not something a config header written by `flashtune export` "
-                "has; only #define, #undef and #if/#ifdef/#ifndef/#else/#endif are read"
-            )
+        if name in ("if", "ifdef", "ifndef", "elif", "else", "endif"):
+            _conditional(name, rest, active, stack, defines, at)
+        elif active:  # other directives in a skipped group are not interpreted
+            _directive(name, rest, defines, at)
     if stack:
         raise HeaderError(f"{where}: an #if/#ifdef/#ifndef is never closed by #endif")
     return defines
+
+
+def _conditional(
+    name: str, rest: str, active: bool, stack: list[list[bool]], defines: Mapping[str, str], at: str
+) -> None:
+    """Open, switch or close a conditional group on ``stack`` for an #if/#ifdef/#ifndef/#elif/#else/#endif."""
+    if name in ("if", "ifdef", "ifndef"):
+        if not active:
+            taken = False  # a skipped group's conditions are not evaluated
+        elif name == "if":
+            taken = _condition(rest, defines, at)
+        elif re.fullmatch(_IDENT, rest):
+            taken = (rest in defines) == (name == "ifdef")
+        else:
+            raise HeaderError(f"{at}: #{name} needs one macro name, got {rest[:60]!r}")
+        stack.append([active, taken, taken, False])
+        return
+    if not stack:
+        raise HeaderError(f"{at}: #{name} without #if")
+    outer, done, _, seen_else = stack[-1]
+    if name == "endif":
+        stack.pop()
+    elif seen_else:
+        raise HeaderError(f"{at}: #{name} after #else")
+    elif name == "else":
+        stack[-1] = [outer, True, outer and not done, True]
+    else:
+        now = outer and not done and _condition(rest, defines, at)
+        stack[-1] = [outer, done or now, now, False]
+
+
+def _directive(name: str, rest: str, defines: dict[str, str], at: str) -> None:
+    """Apply an active directive other than a conditional one to ``defines``."""
+    if name == "define":
+        _define(rest, defines, at)
+    elif name == "undef":
+        if not re.fullmatch(_IDENT, rest):
+            raise HeaderError(f"{at}: #undef needs one macro name, got {rest[:60]!r}")
+        defines.pop(rest, None)
+    elif name in ("pragma", "warning", ""):
+        return
+    elif name == "error":
+        raise HeaderError(f"{at}: #error {rest[:100]}")
+    else:
+        raise HeaderError(
+            f"{at}: #{name[:20]} is not something a config header written by `flashtune export` "
+            "has; only #define, #undef and #if/#ifdef/#ifndef/#else/#endif are read"
+        )
 
 
 def _define(rest: str, defines: dict[str, str], at: str) -> None:

@@ -96,6 +96,26 @@ def run_job(job: MeasureJob) -> MeasureResult:
     t_job = time.perf_counter()
     p, settings = job.problem, job.settings
     phases: dict[str, float] = {}
+    kernel, data, args, o, lse = _prepare(job, phases)
+    kernel_ms, fields, failure, intact = _check_and_time(kernel, args, p, settings, data, o, lse, phases)
+    if not intact:
+        _inputs.discard(data)
+        wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
+        failure = wrote if failure is None else f"{wrote}; {failure}"
+        fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
+    accounting = {
+        "kernel_ms": kernel_ms,
+        "job_ms": ms_since(t_job),
+        "phases_ms": {name: round(ms, 3) for name, ms in phases.items()},
+    }
+    if failure:
+        return MeasureResult(status="wrong_result", detail=failure, **fields, **accounting)
+    return MeasureResult(status="ok", **fields, **accounting)
+
+
+def _prepare(job: MeasureJob, phases: dict[str, float]):
+    """Load the kernel, get the problem's inputs and allocate its outputs: (kernel, data, args, o, lse)."""
+    p, settings = job.problem, job.settings
     t0 = time.perf_counter()
     kernel = load_kernel(
         job.cubin_path,
@@ -116,7 +136,14 @@ def run_job(job: MeasureJob) -> MeasureResult:
     lse = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
     args = kernel.args(data.q, data.k, data.v, o, lse, softmax_scale(p))
     phases["load"] += ms_since(t0)  # the arguments (tensor maps) belong to loading the kernel
+    return kernel, data, args, o, lse
 
+
+def _check_and_time(
+    kernel, args, p, settings: MeasureSettings, data: ProblemData, o, lse, phases: dict[str, float]
+) -> tuple[float, dict[str, object], str | None, bool]:
+    """Check the kernel's output, time it if it is right, and vet its inputs afterwards: (GPU time in ms,
+    the result's fields, failure or None, whether the inputs are intact)."""
     kernel_ms = 0.0
     check_ms: float | None = None
     fields: dict[str, object] = {}
@@ -147,19 +174,7 @@ def run_job(job: MeasureJob) -> MeasureResult:
     except BaseException:
         _inputs.discard(data)  # a launch may have written over it, and nothing vetted it
         raise
-    if not intact:
-        _inputs.discard(data)
-        wrote = "the kernel wrote outside its outputs (into its inputs or the reference kept for them)"
-        failure = wrote if failure is None else f"{wrote}; {failure}"
-        fields = {k: v for k, v in fields.items() if k in ("rel_error", "lse_error")}
-    accounting = {
-        "kernel_ms": kernel_ms,
-        "job_ms": ms_since(t_job),
-        "phases_ms": {name: round(ms, 3) for name, ms in phases.items()},
-    }
-    if failure:
-        return MeasureResult(status="wrong_result", detail=failure, **fields, **accounting)
-    return MeasureResult(status="ok", **fields, **accounting)
+    return kernel_ms, fields, failure, intact
 
 
 def check_kernel(kernel, args, p, data: ProblemData, o, lse) -> tuple[str | None, float, float, float]:

@@ -273,6 +273,38 @@ def planted(
         raise ReplayError(f"the default config of {space.name} is infeasible for {problem.slug()}")
     ratio = rng.uniform(*default_ratio)
     width = rng.uniform(*median)
+    best, basins = _planted_peak(space, problem, device, rng, names, default, ratio, width, far, changes, pair_share)
+    basins += _lesser_basins(space, problem, device, rng, names, best, width, other_basins, pair_share)
+    landscape = Landscape(
+        space=space,
+        peak_tflops=peak_tflops,
+        basins=tuple(basins),
+        noise=noise,
+        failures=failures,
+        salt=f"{seed}",
+        noiseless=frozenset({config_key(best)}),
+        never_fail=frozenset({config_key(best), config_key(default)}),
+        best_tflops=peak_tflops,
+        knob_names=tuple(names),
+    )
+    kind = "planted far" if far else "planted"
+    return SyntheticOracle(f"{kind}-{seed}", space, problem, device, {}, landscape=landscape, kind=kind)
+
+
+def _planted_peak(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    rng: random.Random,
+    names: list[str],
+    default: Config,
+    ratio: float,
+    width: float,
+    far: bool,
+    changes: tuple[int, int],
+    pair_share: float,
+) -> tuple[Config, list[Basin]]:
+    """Draw the best config and the basin(s) that put it and the default where ``planted`` says: (best, basins)."""
     if far:
         best = _random_feasible(
             space,
@@ -290,24 +322,27 @@ def planted(
     else:
         best = _changed(space, problem, device, default, rng.randint(*changes), rng)
         basins = [_basin(space, names, best, 0.0, rng, pair_share, width, (default, ratio))]
+    return best, basins
+
+
+def _lesser_basins(
+    space: Space,
+    problem: Problem,
+    device: DeviceLimits,
+    rng: random.Random,
+    names: list[str],
+    best: Config,
+    width: float,
+    other_basins: tuple[int, int],
+    pair_share: float,
+) -> list[Basin]:
+    """Draw the landscape's other basins, at random feasible centres other than the best, below its peak."""
+    basins = []
     for _ in range(rng.randint(*other_basins)):
         centre = _random_feasible(space, problem, device, rng)
         if config_key(centre) != config_key(best):
             basins.append(_basin(space, names, centre, math.log(rng.uniform(0.9, 0.99)), rng, pair_share, width))
-    landscape = Landscape(
-        space=space,
-        peak_tflops=peak_tflops,
-        basins=tuple(basins),
-        noise=noise,
-        failures=failures,
-        salt=f"{seed}",
-        noiseless=frozenset({config_key(best)}),
-        never_fail=frozenset({config_key(best), config_key(default)}),
-        best_tflops=peak_tflops,
-        knob_names=tuple(names),
-    )
-    kind = "planted far" if far else "planted"
-    return SyntheticOracle(f"{kind}-{seed}", space, problem, device, {}, landscape=landscape, kind=kind)
+    return basins
 
 
 def additive(

@@ -103,6 +103,15 @@ def compile_expr(text: str) -> Expr:
         raise ExprError(f"expected a non-empty expression string, got {text!r:.80}")
     if len(text) > MAX_LENGTH:
         raise ExprError(f"{text[:60]!r}...: expressions are limited to {MAX_LENGTH} characters")
+    tree = _parse(text)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        _check_node(node, text, names)
+    return Expr(text=text.strip(), names=frozenset(names), _tree=tree)
+
+
+def _parse(text: str) -> ast.Expression:
+    """Parse ``text`` as an expression no deeper than ``MAX_DEPTH``."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
@@ -111,53 +120,55 @@ def compile_expr(text: str) -> Expr:
         raise ExprError(f"{text[:60]!r}...: too deeply nested") from None
     if _depth(tree, MAX_DEPTH) > MAX_DEPTH:
         raise ExprError(f"{text[:60]!r}: nested more than {MAX_DEPTH} levels deep")
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-            exponent = node.right
-            if not (
-                isinstance(exponent, ast.Constant)
-                and isinstance(exponent.value, int)
-                and 0 <= exponent.value <= MAX_EXPONENT
-            ):
-                raise ExprError(
-                    f"{text!r}: the exponent of ** must be an integer literal from 0 to {MAX_EXPONENT} "
-                    "(write 2 ** 10, or shift with multiplication)"
-                )
-        if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-                raise ExprError(f"{text!r}: only {sorted(FUNCTIONS)} may be called")
-            if node.keywords:
-                raise ExprError(f"{text!r}: keyword arguments are not allowed")
-        elif isinstance(node, ast.Name):
-            if node.id not in FUNCTIONS:
-                names.add(node.id)
-        elif isinstance(node, ast.Constant):
-            if not isinstance(node.value, (int, bool)):
-                raise ExprError(f"{text!r}: only integer constants are allowed, got {node.value!r:.40}")
-            if abs(node.value) > MAX_VALUE:
-                raise ExprError(
-                    f"{text[:60]!r}: a constant of {int(node.value).bit_length()} bits exceeds a 64-bit integer"
-                )
-        elif not isinstance(
-            node,
-            (
-                ast.Expression,
-                ast.BinOp,
-                ast.UnaryOp,
-                ast.BoolOp,
-                ast.Compare,
-                ast.IfExp,
-                ast.Load,
-                ast.And,
-                ast.Or,
-                *_BINARY,
-                *_COMPARE,
-                *_UNARY,
-            ),
+    return tree
+
+
+def _check_node(node: ast.AST, text: str, names: set[str]) -> None:
+    """Refuse ``node`` unless it is allowed syntax within the bounds; add a variable it reads to ``names``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        exponent = node.right
+        if not (
+            isinstance(exponent, ast.Constant)
+            and isinstance(exponent.value, int)
+            and 0 <= exponent.value <= MAX_EXPONENT
         ):
-            raise ExprError(f"{text!r}: {type(node).__name__} is not allowed")
-    return Expr(text=text.strip(), names=frozenset(names), _tree=tree)
+            raise ExprError(
+                f"{text!r}: the exponent of ** must be an integer literal from 0 to {MAX_EXPONENT} "
+                "(write 2 ** 10, or shift with multiplication)"
+            )
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            raise ExprError(f"{text!r}: only {sorted(FUNCTIONS)} may be called")
+        if node.keywords:
+            raise ExprError(f"{text!r}: keyword arguments are not allowed")
+    elif isinstance(node, ast.Name):
+        if node.id not in FUNCTIONS:
+            names.add(node.id)
+    elif isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, bool)):
+            raise ExprError(f"{text!r}: only integer constants are allowed, got {node.value!r:.40}")
+        if abs(node.value) > MAX_VALUE:
+            raise ExprError(
+                f"{text[:60]!r}: a constant of {int(node.value).bit_length()} bits exceeds a 64-bit integer"
+            )
+    elif not isinstance(
+        node,
+        (
+            ast.Expression,
+            ast.BinOp,
+            ast.UnaryOp,
+            ast.BoolOp,
+            ast.Compare,
+            ast.IfExp,
+            ast.Load,
+            ast.And,
+            ast.Or,
+            *_BINARY,
+            *_COMPARE,
+            *_UNARY,
+        ),
+    ):
+        raise ExprError(f"{text!r}: {type(node).__name__} is not allowed")
 
 
 def _bounded(value: int) -> int:

@@ -93,17 +93,7 @@ class SuiteStudy:
 def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; every problem must be one the family supports."""
     path = Path(path)
-    shown = printable(path, 200)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"{shown}: no such suite file") from None
-    except UnicodeDecodeError as e:
-        raise SuiteError(f"{shown}: not UTF-8 text (byte {e.start}); save the suite file as UTF-8") from None
-    except OSError as e:
-        raise SuiteError(f"{shown}: cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SuiteError(f"{shown}: not valid TOML: {e}") from None
+    data = _read_toml(path)
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise SuiteError(
@@ -124,7 +114,32 @@ def load_suite(path: str | Path) -> Suite:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise SuiteError(f"{path}: description must be a string")
+    unique = _suite_problems(data, path)
+    for p in unique:
+        reason = space.supports(p)
+        if reason:
+            raise SuiteError(f"{path}: problem {p.slug()}: {reason}")
+    return Suite(
+        name=path.stem, family=family, storage=storage, description=description, problems=tuple(unique), path=path
+    )
 
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    shown = printable(path, 200)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SuiteError(f"{shown}: no such suite file") from None
+    except UnicodeDecodeError as e:
+        raise SuiteError(f"{shown}: not UTF-8 text (byte {e.start}); save the suite file as UTF-8") from None
+    except OSError as e:
+        raise SuiteError(f"{shown}: cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SuiteError(f"{shown}: not valid TOML: {e}") from None
+
+
+def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
+    """The problems of the suite's [grid] tables, then its [[problems]], each once, in that order."""
     problems: list[Problem] = []
     grid = data.get("grid")
     if grid is not None:
@@ -145,13 +160,7 @@ def load_suite(path: str | Path) -> Suite:
     unique = list(dict.fromkeys(problems))
     if not unique:
         raise SuiteError(f"{path}: names no problem; add a [grid] or [[problems]]")
-    for p in unique:
-        reason = space.supports(p)
-        if reason:
-            raise SuiteError(f"{path}: problem {p.slug()}: {reason}")
-    return Suite(
-        name=path.stem, family=family, storage=storage, description=description, problems=tuple(unique), path=path
-    )
+    return unique
 
 
 def _expand_grid(grid: Mapping[str, Any], where: str) -> list[Problem]:
