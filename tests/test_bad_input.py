@@ -698,7 +698,7 @@ def test_the_tune_banner_prints_names_escaped(capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tuner.run, "open_gpus", open_gpus)
     monkeypatch.setattr(tuner.run, "run_on_gpus", lambda spec, gpus, infos, **kw: None)
-    monkeypatch.setattr(tuner.cli._commands, "_retime_and_print", lambda spec, worker, top_k, rounds: 0)
+    monkeypatch.setattr(tuner.cli._commands, "_retime_and_print", lambda spec, worker, args: 0)
     rc, _out, err = run(capsys, "tune", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/s.db")
     assert rc == 0, err
     assert "\x1b" not in err and "\x07" not in err and "NVIDIA\\x1b[2J H200\\x07" in err
