@@ -67,6 +67,9 @@ MAX_KNOB_VALUE = 2**31 - 1  # knob values become C ``int``s
 KERNELS_ENV = "FLASHTUNE_KERNELS"
 MAX_SOURCE_BYTES = 1 << 20  # one kernel source file
 MAX_SOURCE_FILES = 256  # files a family's source and config header include, all together
+#: kernel directories given as ``kernels=`` in this process: a space file in one, loaded later by its path
+#: (a launch plan, a compile), has its sources there too
+_NAMED_DIRS: set[Path] = set()
 
 
 class SpaceError(FlashtuneError, ValueError):
@@ -340,6 +343,7 @@ def kernel_dirs(kernels: str | Path | list[str | Path] | tuple[str | Path, ...] 
                 )
             if path.resolve() not in out:
                 out.append(path.resolve())
+    _NAMED_DIRS.update(out[: len(given)] if given else ())
     return tuple(out)
 
 
@@ -374,7 +378,7 @@ def _root_of(path: Path, dirs: tuple[Path, ...]) -> Path:
     """The kernel root of a space file given by path: its own directory when that is one of the user's
     kernel directories, else the package's kernel_src/ (a variant of an in-tree family)."""
     parent = path.resolve().parent
-    return parent if parent in dirs else KERNEL_SRC
+    return parent if parent in dirs or parent in _NAMED_DIRS else KERNEL_SRC
 
 
 def load_space(
