@@ -180,12 +180,14 @@ class Space:
             n *= len(k.values)
         return n
 
-    def validate(self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None) -> Config:
+    def validate(
+        self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None, arch: int | None = None
+    ) -> Config:
         """Return ``config`` as a canonical dict in knob order, or raise :class:`ConfigError`.
 
         Values read from a database or a command line pass through here before they reach
         C source or a compiler flag. With ``partial`` missing knobs take their defaults (those
-        for ``head_dim`` when given).
+        for ``head_dim`` and a device of ``arch`` when given).
         """
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
@@ -197,7 +199,7 @@ class Space:
             if k.name not in config:
                 if not partial:
                     raise ConfigError(f"{self.name}: config has no value for knob {k.name!r}")
-                out[k.name] = k.default_for(head_dim)
+                out[k.name] = k.default_for(head_dim, arch)
                 continue
             value = config[k.name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
