@@ -120,3 +120,17 @@ def test_a_kernels_option_that_is_no_directory_is_one_error_line(tmp_path):
     assert_one_error_line(proc, "check", "is not a directory")
     proc = flashtune("check", "--family", "my_fa", cwd=tmp_path)
     assert_one_error_line(proc, "check", "unknown kernel family 'my_fa'", "--kernels DIR")
+
+
+def test_every_command_that_names_a_family_or_a_study_takes_kernels():
+    from tuner.cli._parser import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, command in commands.items():
+        dests = {a.dest for a in command._actions}
+        if dests & {"family", "study"}:
+            assert "kernels" in dests, name
+    assert {"check", "tune", "best", "export", "report", "worker", "bench"} <= {
+        n for n, c in commands.items() if "kernels" in {a.dest for a in c._actions}
+    }

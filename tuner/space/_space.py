@@ -345,7 +345,7 @@ def kernel_dirs(kernels: str | Path | list[str | Path] | tuple[str | Path, ...] 
                 )
             if path.resolve() not in out:
                 out.append(path.resolve())
-    _NAMED_DIRS.update(out[: len(given)] if given else ())
+    _NAMED_DIRS.update(Path(entry).expanduser().resolve() for entry in given)
     return tuple(out)
 
 
