@@ -107,9 +107,15 @@ constexpr int kChunksPerRow = kHeadDim / 8;      // 16-byte chunks in one smem r
 // accumulator (block_n / 2 floats), packed P (block_n / 4) and the O accumulator
 // (head_dim / 2); Q fragments when kept in registers (head_dim / 4 per m-tile, + 8); a fixed
 // overhead of 24, + 24 with a one-stage ring (its constant smem addresses get hoisted),
-// + 16 with three stages, + 8 beyond two m-tiles. Fitted to ptxas for sm_80 and sm_90.
+// + 16 with three stages, + 8 beyond two m-tiles, + 32 when compiled for sm_100 or newer (ptxas
+// there needs up to 24 more than the sm_90 fit). Fitted to ptxas for sm_80, sm_90 and sm_100.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kArchRegs = 32;
+#else
+constexpr int kArchRegs = 0;  // sm_80 to sm_90, and the host pass (which builds no kernel)
+#endif
 constexpr int kRegEstimate = kMTiles * (kBlockN * 3 / 4 + kHeadDim / 2) + (kQInRegs ? kMTiles * kHeadDim / 4 + 8 : 0) +
-                             24 + (kKvStages == 1 ? 24 : kKvStages == 3 ? 16 : 0) + (kMTiles > 2 ? 8 : 0);
+                             24 + (kKvStages == 1 ? 24 : kKvStages == 3 ? 16 : 0) + (kMTiles > 2 ? 8 : 0) + kArchRegs;
 constexpr int kRegBudgetRaw = kRegsPerSm / (kThreads * kMinBlocksPerSm) / 8 * 8;
 constexpr int kRegBudget = kRegBudgetRaw < kMaxRegsPerThread ? kRegBudgetRaw : kMaxRegsPerThread;
 // A cap below the per-thread maximum needs 8 registers of headroom (ptxas spilled at estimate == cap).

@@ -21,6 +21,25 @@ nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not inst
 
 @nvcc
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "dtype", "causal"), [(100, "fp16", False), (103, "bf16", True)], ids=["sm_100-fp16", "sm_103-bf16-causal"]
+)
+def test_check_sm80_for_blackwell_on_the_default_sample(arch, dtype, causal):
+    """`flashtune check --arch 100` and `--arch 103` at head dim 128 (where the sm_90 fit spilled): the
+    default sample (AUTO_SAMPLES configs, the arch's default among them) compiles without a spill."""
+    require_family("sm80")
+    space = load_space("sm80")
+    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128, dtype=dtype, causal=causal)
+    out = io.StringIO()
+    report = check_space("sm80", problem, limits_for_arch(arch), jobs=2, out=out)
+    assert report.ok and not report.spilling, out.getvalue()
+    assert report.default.config == space.defaults(128, arch) != space.defaults(128, 90)
+    assert sum(r.status == "ok" for r in report.rows) == check.AUTO_SAMPLES
+    assert f"sm80 on sm_{arch} for {dtype} d128" in out.getvalue()
+
+
+@nvcc
+@pytest.mark.slow
 def test_check_sm80_with_two_samples():
     require_family("sm80")
     space = load_space("sm80")

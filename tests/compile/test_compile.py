@@ -196,6 +196,10 @@ def test_edited_kernel_source_changes_the_key(tiny):
     assert not after.cached
     assert after.cubin_path != before.cubin_path
     (src / "tiny" / "new_file.cuh").write_text("// a new file, never included\n")
+    assert compile_config(space, space.defaults(), PROBLEM, SM80).cached  # the key covers what is compiled
+    header.write_text(header.read_text() + '#include "tiny/new_file.cuh"\n')
+    assert not compile_config(space, space.defaults(), PROBLEM, SM80).cached
+    (src / "tiny" / "new_file.cuh").write_text("// the included file, edited\n")
     assert not compile_config(space, space.defaults(), PROBLEM, SM80).cached
 
 

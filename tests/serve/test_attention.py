@@ -53,7 +53,7 @@ def test_a_call_launches_the_geometry_and_arguments_of_its_plan(gpu):
     q, k, v = qkv(seqlen_q=300, seqlen_k=200, heads_q=8, heads_kv=2)
     o, lse = tuner.attention(q, k, v, causal=True, return_lse=True, softmax_scale=0.25)
     space = load_space(FAMILY)
-    config = space.defaults(128)
+    config = space.defaults(128, gpu.device.arch)  # the default for the device (a B200 stand-in)
     problem = gpu.loaded[-1]["problem"]
     geometry = space.launch(config, problem, gpu.device)
     assert gpu.loaded[-1]["config"] == config and problem.causal and problem.heads_kv == 2
@@ -192,11 +192,14 @@ def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
 
 
 # -- files that change while the process runs ---------------------------------------------------------
-def write_header(path: pathlib.Path, space, knobs: dict, *, head_dim=128, dtype="fp16", causal=True) -> pathlib.Path:
-    """A header as `flashtune export` writes one (problem macros, every knob), for ``knobs`` over the defaults."""
+def write_header(
+    path: pathlib.Path, space, knobs: dict, *, head_dim=128, dtype="fp16", causal=True, arch=100
+) -> pathlib.Path:
+    """A header as `flashtune export` writes one (problem macros, every knob), for ``knobs`` over the defaults of
+    a device of ``arch`` (the flat stand-in GPU's, a B200)."""
     from tuner.problem import Problem
 
-    config = space.validate(knobs, partial=True, head_dim=head_dim)
+    config = space.validate(knobs, partial=True, head_dim=head_dim, arch=arch)
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim, dtype=dtype, causal=causal)
     lines = [f'#define FLASHTUNE_FAMILY "{space.name}"']
     lines += [f"#define {name} {value}" for name, value in problem.macros().items()]
@@ -210,14 +213,14 @@ def test_an_edited_space_file_is_never_served_stale(gpu, tmp_path):
     shutil.copy(SEARCH_SPACES / "sm80.toml", space_file)
     q, k, v = qkv()
     tuner.attention(q, k, v, family=str(space_file))
-    assert gpu.loaded[-1]["config"]["block_n"] == 64
+    assert gpu.loaded[-1]["config"]["rescale_slack"] == 8
     text = space_file.read_text()
-    start = text.index("[knobs.block_n]")
-    edited = text[:start] + text[start:].replace("default = 64", "default = 32", 1)
+    start = text.index("[knobs.rescale_slack]")
+    edited = text[:start] + text[start:].replace("default = 8", "default = 4", 1)
     assert len(edited) == len(text)  # same size, written within the same timestamp tick: content decides
     space_file.write_text(edited)
     tuner.attention(q, k, v, family=str(space_file))
-    assert gpu.loaded[-1]["config"]["block_n"] == 32
+    assert gpu.loaded[-1]["config"]["rescale_slack"] == 4
     space_file.write_text(text)  # back to the first content: its plan again, no new build
     tuner.attention(q, k, v, family=str(space_file))
     assert len(gpu.loaded) == 2 and gpu.last["function"] == 0xF00D + 1
@@ -225,13 +228,13 @@ def test_an_edited_space_file_is_never_served_stale(gpu, tmp_path):
 
 def test_an_edited_header_is_never_served_stale(gpu, tmp_path):
     space = load_space(FAMILY)
-    header = write_header(tmp_path / "best.h", space, {"block_n": 32})
+    header = write_header(tmp_path / "best.h", space, {"rescale_slack": 4})
     q, k, v = qkv()
     tuner.attention(q, k, v, causal=True, config=header)
-    assert gpu.loaded[-1]["config"]["block_n"] == 32
-    write_header(header, space, {"block_n": 64})  # same size, at once
+    assert gpu.loaded[-1]["config"]["rescale_slack"] == 4
+    write_header(header, space, {"rescale_slack": 0})  # same size, at once
     tuner.attention(q, k, v, causal=True, config=pathlib.Path(header))
-    assert gpu.loaded[-1]["config"]["block_n"] == 64
+    assert gpu.loaded[-1]["config"]["rescale_slack"] == 0
     header.unlink()
     with pytest.raises(ta.AttentionError, match=r"cannot read config header .*best.h"):
         tuner.attention(q, k, v, causal=True, config=header)

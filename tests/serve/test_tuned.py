@@ -278,9 +278,9 @@ def test_attention_auto_launches_the_selected_config_per_shape(exported, monkeyp
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     pytest.importorskip("cupy", reason="tuner.gpu needs CuPy installed (not a GPU)")
     import tuner
-    from tests.fakes.standin_launch import StandInGPU, install
+    from tests.fakes.standin_launch import H200, StandInGPU, install
 
-    gpu = StandInGPU()
+    gpu = StandInGPU(device=H200)  # the GPU the studies were measured on (tests/fake_studies.py)
     install(monkeypatch, gpu)
     tuned = load_tuned(exported[1])
     space = load_space(FAMILY)

@@ -55,7 +55,7 @@ def test_default_is_statically_feasible_everywhere_it_must_run(space):
     for arch in archs:
         device = limits_for_arch(arch)
         for problem in _problems(space):
-            reason = space.check(space.defaults(problem.head_dim), problem, device)
+            reason = space.check(space.defaults(problem.head_dim, arch), problem, device)
             if reason:
                 failures.append(f"sm_{arch} {problem.slug()}: {reason}")
     assert not failures, "\n".join(failures)
@@ -416,6 +416,18 @@ MALFORMED = {
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_head_dim = 32'),
         ["[knobs.block_n]", "default_by_head_dim must be a table"],
     ),
+    "arch_default_not_above_min_arch": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_arch = { 80 = 32 }'),
+        ["[knobs.block_n]", "'80'", "above the family's min_arch 80"],
+    ),
+    "arch_default_not_in_values": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_arch = { 100 = 48 }'),
+        ["[knobs.block_n]", "100 = 48", "values"],
+    ),
+    "arch_defaults_not_a_table": (
+        lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_arch = 32'),
+        ["[knobs.block_n]", "default_by_arch must be a table"],
+    ),
     "invalid_toml": (lambda t: t + "\n[knobs.x\n", ["TOML"]),
     "name_not_stem": (lambda t: _replace(t, 'name = "toy"', 'name = "toy2"'), ["toy2", "toy"]),
     "source_missing": (
@@ -512,6 +524,21 @@ def test_a_head_dim_can_have_its_own_default(tmp_path):
     assert space.knob("block_n").default_for(128) == 32 and space.knob("block_n").default_for(None) == 64
     assert space.validate({"stages": 3}, partial=True, head_dim=128) == {**plain, "block_n": 32, "stages": 3}
     assert space.validate({"block_n": 128}, partial=True, head_dim=128)["block_n"] == 128  # given values win
+
+
+def test_an_arch_can_have_its_own_default_from_that_arch_on(tmp_path):
+    text = _replace(
+        toy_space_text(),
+        'help = "keys per tile"',
+        'help = "keys per tile"\ndefault_by_head_dim = { 128 = 128 }\ndefault_by_arch = { 100 = 32, 120 = 128 }',
+    )
+    space = load_space(_write(tmp_path, text))
+    plain = {"block_m": 64, "block_n": 64, "stages": 2, "flag": 0}
+    assert space.defaults(64) == space.defaults(64, 80) == space.defaults(64, 90) == plain
+    assert space.defaults(128, 90)["block_n"] == 128  # below every arch key: the head dim's default
+    assert space.defaults(64, 100) == space.defaults(128, 103) == {**plain, "block_n": 32}  # the arch's wins
+    assert space.defaults(64, 120)["block_n"] == 128  # the highest key at or below the arch
+    assert space.knob("block_n").default_for(None, 110) == 32
 
 
 def test_knob_lookup(toy_space):

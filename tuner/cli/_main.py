@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..errors import FlashtuneError
 from ..text import printable
@@ -33,6 +33,27 @@ def _stdout_gone() -> None:
         pass
 
 
+@contextlib.contextmanager
+def _use_kernels(kernels: list[str] | None) -> Iterator[None]:
+    """``--kernels``: checked, then put first on ``$FLASHTUNE_KERNELS`` while the command runs: every family
+    lookup reads it, and the compile and GPU worker processes the command starts inherit it."""
+    if not kernels:
+        yield
+        return
+    from ..space import KERNELS_ENV, kernel_dirs
+
+    dirs = kernel_dirs(kernels)  # a directory that is not one is refused here, by name
+    before = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = os.pathsep.join([*map(str, dirs), *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = before
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
@@ -43,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = args.command
     try:
-        rc = args.func(args)
+        with _use_kernels(getattr(args, "kernels", None)):
+            rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at exit
         return rc
     except BrokenPipeError:

@@ -331,4 +331,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     _add_export(sub)
     _add_report(sub)
+    _add_kernels(sub)
     return parser
+
+
+def _add_kernels(sub) -> None:
+    """``--kernels DIR`` (repeatable) on every command that names a family (``--family``) or a study (whose
+    family may live in the user's kernel directory): searched before the package, and before
+    ``$FLASHTUNE_KERNELS``."""
+    for p in sub.choices.values():
+        if any(a.dest in ("family", "study") for a in p._actions):
+            p.add_argument(
+                "--kernels",
+                action="append",
+                metavar="DIR",
+                help="a kernel directory of your own (space files <family>.toml and their sources), searched "
+                "for families before the package; repeatable; also $FLASHTUNE_KERNELS (a path list)",
+            )

@@ -103,7 +103,7 @@ def check_space(
     report = CheckReport(space)
     _validate_arguments(space, problem, device, samples, jobs)
     rng = random.Random(seed)
-    default = space.defaults(problem.head_dim)
+    default = space.defaults(problem.head_dim, device.arch)
     candidates, exhaustive = static_candidates(space, default, rng)
     if samples == 0 and not exhaustive:
         raise UsageError(

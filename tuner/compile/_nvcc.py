@@ -1,8 +1,9 @@
 """Compile one config of a kernel family to a cubin, through CuPy's nvcc driver, with a disk cache.
 
-The cache key covers every file under ``kernel_src/``, the compiler flags, the target arch
-and the nvcc version, so a repeated config is never recompiled and an edited header is
-never served stale. A compile needs nvcc, not a GPU.
+The cache key covers the family's sources (its source, config header and every file they include
+from its kernel directory: ``Space.source_digest``), the compiler flags (the kernel directory is the
+include path), the target arch and the nvcc version, so a repeated config is never recompiled and an
+edited header is never served stale. A compile needs nvcc, not a GPU.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def cache_dir() -> Path:
     return base / "flashtune"
 
 
-def nvcc_options(macros: dict[str, int]) -> tuple[str, ...]:
-    """Compiler options as an argument list (never a shell string): include path, base flags, -D per macro."""
-    return ("-I", str(KERNEL_SRC), *_BASE_OPTIONS, *(f"-D{name}={value}" for name, value in macros.items()))
+def nvcc_options(macros: dict[str, int], root: Path | None = None) -> tuple[str, ...]:
+    """Compiler options as an argument list (never a shell string): include path (the family's kernel
+    directory, default the package's kernel_src/), base flags, -D per macro."""
+    include = str(root if root is not None else KERNEL_SRC)
+    return ("-I", include, *_BASE_OPTIONS, *(f"-D{name}={value}" for name, value in macros.items()))
 
 
 @functools.cache
@@ -87,24 +90,15 @@ def _nvcc_version() -> str:
     return out.strip().splitlines()[-1]
 
 
-def _source_digest() -> str:
-    """Hash of every file under kernel_src (names and contents)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in KERNEL_SRC.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(KERNEL_SRC)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def compile_config(
     space: Space, config: Config, problem: Problem, device: DeviceLimits, *, use_cache: bool = True
 ) -> CompiledKernel:
     """Build ``config`` for ``problem`` on ``device``'s arch; raise :class:`CompileError` on failure."""
     macros = space.build_macros(config, problem, device)
-    options = nvcc_options(macros)
+    options = nvcc_options(macros, space.root)
     arch = space.arch_string(device.arch)
     entry = space.family.entry
-    key_text = json.dumps([_nvcc_version(), arch, options, _source_digest(), space.family.source])
+    key_text = json.dumps([_nvcc_version(), arch, options, space.source_digest(), space.family.source])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:32]
     directory = cache_dir() / "cubins"
     cubin_path, meta_path = directory / f"{key}.cubin", directory / f"{key}.json"

@@ -61,7 +61,7 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         speedup = chosen.verdict.replace("±", "+-")
     arch = chosen.space.arch_string(chosen.device.arch)
     rows = [
-        ("kernel family", f"{chosen.family} (kernel_src/{chosen.space.family.source})"),
+        ("kernel family", f"{chosen.family} ({_sources(chosen.space)}/{chosen.space.family.source})"),
         ("arch", f"sm_{arch}"),
         ("GPU", chosen.gpu_name),
         ("dtype", p.dtype),
@@ -80,6 +80,11 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("exported", f"{now.isoformat(timespec='seconds')} by flashtune {__version__}"),
     ]
     return [(k, comment_text(v)) for k, v in rows]
+
+
+def _sources(space) -> str:
+    """Where the family's sources are: kernel_src (flashtune's), else the user's kernel directory."""
+    return "kernel_src" if space.origin == "package" else comment_text(space.origin)
 
 
 def _launch_text(chosen: ChosenConfig) -> str:
@@ -113,10 +118,10 @@ def render_header(
         "//",
         "// Build the kernel with this header in place of -D flags:",
         (
-            f"//   nvcc -I kernel_src -include <this header> kernel_src/{space.family.source} "
+            f"//   nvcc -I {_sources(space)} -include <this header> {_sources(space)}/{space.family.source} "
             f"-arch=sm_{space.arch_string(chosen.device.arch)} ..."
         ),
-        f"// or #include it before kernel_src/{space.family.config_header}.",
+        f"// or #include it before {_sources(space)}/{space.family.config_header}.",
         f"#ifndef {guard}",
         f"#define {guard}",
         "",

@@ -22,6 +22,7 @@ import cupy
 from cupy.cuda import driver
 
 from ..problem import DTYPES, Problem
+from ._abi import ABI_PARAMS, scalar_format, tensor_map_count
 from ._tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
 
 __all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "load_kernel"]
@@ -88,10 +89,13 @@ def _codes(fmt: str) -> list[str]:
 
 
 class FlatArgs:
-    """ABI ``flat`` (family sm80): pointers, sizes, element strides of Q, K, V, O, scale."""
+    """ABI ``flat`` (family sm80): pointers, sizes, element strides of Q, K, V, O, scale (``_abi.ABI_PARAMS``,
+    whose order :meth:`pack` follows)."""
+
+    abi = "flat"
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
-        self.buffer = ArgBuffer(lead_params=0, scalars="5P5i12qf")
+        self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
         self._sizes = (problem.batch, problem.seqlen_q, problem.seqlen_k, problem.heads_q, problem.heads_kv)
 
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
@@ -119,10 +123,13 @@ class FlatArgs:
 
 
 class TmaArgs:
-    """ABI ``sm90_tma`` (family sm90): tensor maps of Q, K, V, O, then the LSE pointer, sizes and scale."""
+    """ABI ``sm90_tma`` (family sm90): tensor maps of Q, K, V, O, then the LSE pointer, sizes and scale
+    (``_abi.ABI_PARAMS``, whose order :meth:`pack` follows)."""
+
+    abi = "sm90_tma"
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
-        self.buffer = ArgBuffer(lead_params=4, scalars="P5if")
+        self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
         rows = box_rows(params)
         q_shape = (problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim)
         kv_shape = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim)
@@ -139,7 +146,8 @@ class TmaArgs:
 
 
 #: ABI name (a space file's ``[family] abi``) -> argument layout
-ABIS: dict[str, type] = {"flat": FlatArgs, "sm90_tma": TmaArgs}
+ABIS: dict[str, type] = {cls.abi: cls for cls in (FlatArgs, TmaArgs)}
+assert set(ABIS) == set(ABI_PARAMS), "every described ABI has a packer"
 
 
 class Launcher:

@@ -155,7 +155,7 @@ def retime_top(
     samples, rejected = _rounds(jobs, measure, rounds, seed)
     if not samples:
         return None
-    default_key = config_key(space.defaults(problem.head_dim))
+    default_key = config_key(space.defaults(problem.head_dim, device.arch))
     comparisons = _comparisons(samples, default_key, noise_floor, seed)
     entry = _winner_entry(study, problem, candidates, samples, default_key, comparisons, noise_floor)
     entry["rejected"] = [
@@ -186,7 +186,7 @@ def _candidates(study: optuna.Study, space: Space, problem: Problem, top_k: int)
         candidates.setdefault(config_key(t.params), (t.number, space.validate(t.params)))
     default_trial = st.default_trial(study)
     if default_trial is not None:
-        default = space.defaults(problem.head_dim)
+        default = space.validate(default_trial.params)  # the config the study ran as its default
         candidates.setdefault(config_key(default), (default_trial.number, default))
     return candidates
 

@@ -205,7 +205,7 @@ def warm_start_configs(
             continue
         candidates.append((distance(other), summary.study_name))
     chosen: list[tuple[str, Config]] = []
-    default = space.defaults(problem.head_dim)
+    default = space.defaults(problem.head_dim, device.arch)
     for _, name in sorted(candidates):
         try:
             won = st.winner(optuna.load_study(study_name=name, storage=storage))
@@ -249,7 +249,9 @@ def join_study(
         seed=meta.run.get(_SEED),
         settings=dataclasses.replace(base, n_trials=target),
     )
-    return TuningRun(spec=spec, space=load_space(spec.family), storage=storage, study=study)
+    space = load_space(spec.family)
+    meta.check_sources(space)  # a worker never measures a changed kernel into the study
+    return TuningRun(spec=spec, space=space, storage=storage, study=study)
 
 
 def retime_winner(

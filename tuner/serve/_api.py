@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..space import Config, Space
+from ..space import AUTO_FAMILY, Config, Space, SpaceError, load_space
 from ._attention import AttentionError, cupy_attention, torch_attention
 from ._tuned import TunedConfigs
 
@@ -49,6 +49,7 @@ def attention(
     config: Mapping[str, Any] | str | Path | None = None,
     tuned: TunedConfigs | str | Path | None = None,
     return_lse: bool = False,
+    kernels: str | Path | Sequence[str | Path] | None = None,
 ):
     """Forward attention ``softmax(scale * Q K^T + mask) V`` with a flashtune kernel.
 
@@ -69,6 +70,8 @@ def attention(
             the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`; without it the
             table shipped with flashtune for the device's GPU (:func:`tuner.serve.shipped_tuned`).
         return_lse: also return the natural-log log-sum-exp, fp32 ``[batch, heads_q, seqlen_q]``.
+        kernels: a kernel directory of your own (or a list of them), searched for ``family`` before the
+            package and ``$FLASHTUNE_KERNELS``; needs ``family`` to name the family (not ``"auto"``).
 
     Returns:
         O like ``q`` (same kind, dtype, device; contiguous), or ``(O, LSE)`` with ``return_lse``.
@@ -82,6 +85,8 @@ def attention(
         >>> q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         >>> o = tuner.attention(q, k, v, causal=True, config="studies/best.h")
     """
+    if kernels is not None:
+        family = _family_in(family, kernels)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(q, torch.Tensor):
         o, lse = torch_attention(
@@ -90,6 +95,16 @@ def attention(
     else:
         o, lse = cupy_attention(q, k, v, bool(causal), softmax_scale, family, config, tuned, return_lse)
     return (o, lse) if return_lse else o
+
+
+def _family_in(family: str, kernels: str | Path | Sequence[str | Path]) -> str:
+    """The space file of ``family`` found in the ``kernels`` directories first (then the package)."""
+    if family == AUTO_FAMILY:
+        raise AttentionError('kernels= needs family= naming the family to run (not "auto")')
+    try:
+        return str(load_space(family, kernels=kernels).path)
+    except SpaceError as e:
+        raise AttentionError(str(e)) from None
 
 
 _registering = threading.Lock()  # two threads' first calls on tensors register the operator once

@@ -195,16 +195,21 @@ def _tuned_of(config_key: tuple, gpu_name: str) -> TunedConfigs | None:
 
 
 def _chosen_config(
-    space: Space, space_key: tuple[str, str], config_key: tuple, tuned: TunedConfigs | None, problem: Problem
+    space: Space,
+    space_key: tuple[str, str],
+    config_key: tuple,
+    tuned: TunedConfigs | None,
+    problem: Problem,
+    arch: int,
 ) -> Config:
     kind = config_key[0]
     if kind == "defaults":
-        return space.defaults(problem.head_dim)
+        return space.defaults(problem.head_dim, arch)
     if kind == "knobs":
-        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim)
+        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim, arch=arch)
     if kind == "auto":
         try:
-            config, why_default = tuned.lookup(space, problem)
+            config, why_default = tuned.lookup(space, problem, arch)
         except TunedError as e:
             raise AttentionError(str(e)) from None
         if why_default:  # never a silent downgrade: once per plan (plans are built once per key)
@@ -382,7 +387,7 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
             reason = space.supports(problem)
             if reason:
                 raise AttentionError(reason)
-            chosen = _chosen_config(space, space_key, config_key, tuned, problem)
+            chosen = _chosen_config(space, space_key, config_key, tuned, problem, device.arch)
             reason = space.check(chosen, problem, device)
             if reason:
                 raise AttentionError(f"config {chosen} cannot run this problem on {device.name}: {reason}")

@@ -104,9 +104,24 @@ def _text(value, what: str) -> str | None:
 
 
 def _attention_traced(
-    q, k, v, *, causal=False, softmax_scale=None, family="auto", config=None, tuned=None, return_lse=False
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    softmax_scale=None,
+    family="auto",
+    config=None,
+    tuned=None,
+    return_lse=False,
+    kernels=None,
 ):
     """What Dynamo traces in place of :func:`tuner.attention` on tensors: the operator."""
+    if kernels is not None:
+        raise AttentionError(
+            "inside torch.compile, kernels= is not taken (the operator's schema has no place for it): set "
+            "FLASHTUNE_KERNELS to the kernel directory and pass family= by name"
+        )
     o, lse = torch.ops.flashtune.attention(
         q, k, v, bool(causal), softmax_scale, _text(family, "family"), _text(config, "config"), _text(tuned, "tuned")
     )

@@ -76,9 +76,10 @@ class TunedConfigs:
         """The config a dispatch header's ``select()`` gives ``problem``, checked against today's ``space``."""
         return self.lookup(space, problem)[0]
 
-    def lookup(self, space: Space, problem: Problem) -> tuple[Config, str | None]:
+    def lookup(self, space: Space, problem: Problem, arch: int | None = None) -> tuple[Config, str | None]:
         """(config, None) for a tuned entry; (the family default, why) where the table has none for the
-        problem's (dtype, head dim, mask). A user's table without ``space``'s family raises :class:`TunedError`."""
+        problem's (dtype, head dim, mask): the table's, unless the space gives the device's ``arch`` a default
+        of its own. A user's table without ``space``'s family raises :class:`TunedError`."""
         table = self.tables.get(space.name)
         if table is None:
             if self.tables and not self.shipped:
@@ -86,7 +87,7 @@ class TunedConfigs:
                     f"{self.source} holds {', '.join(sorted(self.tables))} configs, not {space.name}: leave "
                     f'family= out ("auto" picks the table\'s family) or tune {space.name} and export it'
                 )
-            return space.defaults(problem.head_dim), (
+            return space.defaults(problem.head_dim, arch), (
                 f"{self.source} holds no {space.name} configs; the {space.name} default config serves "
                 f"{_bucket(problem)}"
             )
@@ -106,6 +107,8 @@ class TunedConfigs:
             ) from None
         if table.covers(problem.dtype, problem.head_dim, bool(problem.causal)):
             return config, None
+        if space.defaults(problem.head_dim, arch) != space.defaults(problem.head_dim):
+            config = space.defaults(problem.head_dim, arch)  # the plain default does not build well there
         return config, (
             f"{self.source} has no tuned {space.name} config for {_bucket(problem)}; the family default serves it"
         )

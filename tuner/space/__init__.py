@@ -15,6 +15,7 @@ from __future__ import annotations
 from ._choose import AUTO_FAMILY, choose_family, family_preference, rank_families
 from ._expr import Expr, ExprError, compile_expr
 from ._space import (
+    KERNELS_ENV,
     Config,
     ConfigError,
     Constraint,
@@ -26,11 +27,13 @@ from ._space import (
     SpaceError,
     available_families,
     config_key,
+    kernel_dirs,
     load_space,
 )
 
 __all__ = [
     "AUTO_FAMILY",
+    "KERNELS_ENV",
     "Config",
     "ConfigError",
     "Constraint",
@@ -47,6 +50,7 @@ __all__ = [
     "compile_expr",
     "config_key",
     "family_preference",
+    "kernel_dirs",
     "load_space",
     "rank_families",
 ]

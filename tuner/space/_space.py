@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from ..text import printable
 from ._expr import Expr, ExprError, compile_expr
 
 __all__ = [
+    "KERNELS_ENV",
     "Config",
     "ConfigError",
     "Constraint",
@@ -35,6 +37,7 @@ __all__ = [
     "SpaceError",
     "available_families",
     "config_key",
+    "kernel_dirs",
     "load_space",
 ]
 
@@ -60,6 +63,14 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_THREADS_PER_BLOCK = 1024
 MAX_KNOB_VALUE = 2**31 - 1  # knob values become C ``int``s
 
+#: the environment variable naming kernel directories (a path list, like PATH), searched before the package
+KERNELS_ENV = "FLASHTUNE_KERNELS"
+MAX_SOURCE_BYTES = 1 << 20  # one kernel source file
+MAX_SOURCE_FILES = 256  # files a family's source and config header include, all together
+#: kernel directories given as ``kernels=`` in this process: a space file in one, loaded later by its path
+#: (a launch plan, a compile), has its sources there too
+_NAMED_DIRS: set[Path] = set()
+
 
 class SpaceError(FlashtuneError, ValueError):
     """A space file is malformed or inconsistent. The message names the file and the entry."""
@@ -78,9 +89,17 @@ class Knob:
     help: str
     head_dim_defaults: tuple[tuple[int, int], ...] = ()  # (head_dim, default) where the plain default does not fit
     ordered: bool = True  # values are searched as steps in the listed order (block sizes, budgets); False: categories
+    arch_defaults: tuple[tuple[int, int], ...] = ()  # (arch, default) for devices of that arch or newer, ascending
 
-    def default_for(self, head_dim: int | None = None) -> int:
-        """The default for problems of ``head_dim`` (None: the plain default)."""
+    def default_for(self, head_dim: int | None = None, arch: int | None = None) -> int:
+        """The default for problems of ``head_dim`` on a device of ``arch`` (None: the plain default).
+
+        An arch default (``default_by_arch``, the highest key at or below ``arch``) wins over a head-dim
+        default: it exists because the plain one does not build well on that arch."""
+        if arch is not None:
+            chosen = [value for since, value in self.arch_defaults if since <= arch]
+            if chosen:
+                return chosen[-1]
         return dict(self.head_dim_defaults).get(head_dim, self.default)
 
 
@@ -132,6 +151,7 @@ class Space:
     launch_grid: tuple[Expr, Expr, Expr]
     path: Path
     launch_abi: tuple[tuple[str, Expr], ...] = ()
+    root: Path = KERNEL_SRC  # the kernel directory the family's sources are relative to (also nvcc's -I)
     _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -148,9 +168,10 @@ class Space:
         except KeyError:
             raise ConfigError(f"{self.name}: unknown knob {name!r}; knobs are {', '.join(self._by_name)}") from None
 
-    def defaults(self, head_dim: int | None = None) -> Config:
-        """The default config; for ``head_dim``, with the space file's ``default_by_head_dim`` applied."""
-        return {k.name: k.default_for(head_dim) for k in self.knobs}
+    def defaults(self, head_dim: int | None = None, arch: int | None = None) -> Config:
+        """The default config; for ``head_dim`` and a device of ``arch``, with the space file's
+        ``default_by_head_dim`` and ``default_by_arch`` applied."""
+        return {k.name: k.default_for(head_dim, arch) for k in self.knobs}
 
     def size(self) -> int:
         """Number of points in the full grid (before constraints)."""
@@ -159,12 +180,14 @@ class Space:
             n *= len(k.values)
         return n
 
-    def validate(self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None) -> Config:
+    def validate(
+        self, config: Mapping[str, Any], *, partial: bool = False, head_dim: int | None = None, arch: int | None = None
+    ) -> Config:
         """Return ``config`` as a canonical dict in knob order, or raise :class:`ConfigError`.
 
         Values read from a database or a command line pass through here before they reach
         C source or a compiler flag. With ``partial`` missing knobs take their defaults (those
-        for ``head_dim`` when given).
+        for ``head_dim`` and a device of ``arch`` when given).
         """
         unknown = sorted(set(config) - set(self._by_name))
         if unknown:
@@ -176,7 +199,7 @@ class Space:
             if k.name not in config:
                 if not partial:
                     raise ConfigError(f"{self.name}: config has no value for knob {k.name!r}")
-                out[k.name] = k.default_for(head_dim)
+                out[k.name] = k.default_for(head_dim, arch)
                 continue
             value = config[k.name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
@@ -268,7 +291,22 @@ class Space:
 
     @property
     def source_path(self) -> Path:
-        return KERNEL_SRC / self.family.source
+        return self.root / self.family.source
+
+    @property
+    def origin(self) -> str:
+        """Where the family comes from: ``package`` (kernel_src/ of flashtune), else its kernel directory."""
+        return "package" if self.root.resolve() == KERNEL_SRC.resolve() else str(self.root.resolve())
+
+    def source_digest(self) -> str:
+        """Hash of the family's sources: its source and config header and every file they include from
+        the kernel directory, names and contents (a study never resumes on a changed kernel)."""
+        h = hashlib.sha256()
+        root = self.root.resolve()
+        for path in sorted(_source_files(self.family, root)):
+            h.update(str(path.relative_to(root)).encode() + b"\0")
+            h.update(_read_source(path))
+        return h.hexdigest()[:16]
 
 
 def _launch_violations(geometry: LaunchGeometry) -> list[str]:
@@ -291,21 +329,71 @@ def config_key(config: Mapping[str, int]) -> str:
 
 
 # -- loading -------------------------------------------------------------------------------
-def available_families() -> list[str]:
-    return sorted(p.stem for p in SEARCH_SPACES.glob("*.toml"))
+def kernel_dirs(kernels: str | Path | list[str | Path] | tuple[str | Path, ...] | None = None) -> tuple[Path, ...]:
+    """The user's kernel directories: ``kernels`` (a directory or a list of them), then those of
+    ``$FLASHTUNE_KERNELS`` (a path list); each must be an existing directory."""
+    given = [] if kernels is None else [kernels] if isinstance(kernels, (str, Path)) else list(kernels)
+    env = [p for p in os.environ.get(KERNELS_ENV, "").split(os.pathsep) if p]
+    out: list[Path] = []
+    for where, entries in (("kernels", given), (KERNELS_ENV, env)):
+        for entry in entries:
+            path = Path(entry).expanduser()
+            if not path.is_dir():
+                raise SpaceError(
+                    f"{where}: {printable(entry, 200)!r} is not a directory; give a kernel directory "
+                    "(space files <family>.toml and their sources)"
+                )
+            if path.resolve() not in out:
+                out.append(path.resolve())
+    _NAMED_DIRS.update(Path(entry).expanduser().resolve() for entry in given)
+    return tuple(out)
 
 
-def load_space(name_or_path: str | Path) -> Space:
-    """Load a family by name (``sm80``) or a space file by path (``*.toml``), checking it thoroughly."""
+def available_families(kernels: str | Path | list[str | Path] | None = None) -> list[str]:
+    """The package's families, and with ``kernels`` those of the user's kernel directories."""
+    dirs = kernel_dirs(kernels) if kernels is not None else ()
+    return sorted({p.stem for d in (*dirs, SEARCH_SPACES) for p in d.glob("*.toml") if _NAME.fullmatch(p.stem)})
+
+
+def _find_family(name: str, dirs: tuple[Path, ...]) -> tuple[Path, Path]:
+    """(space file, kernel root) of family ``name``: in the user's directories, else in the package; a name
+    found in two places is refused (the user gives the space file's path)."""
+    found = [(d / f"{name}.toml", d) for d in dirs if (d / f"{name}.toml").is_file()]
+    if (SEARCH_SPACES / f"{name}.toml").is_file():
+        found.append((SEARCH_SPACES / f"{name}.toml", KERNEL_SRC))
+    if not _NAME.fullmatch(name) or not found:
+        raise SpaceError(
+            f"unknown kernel family {printable(name, 80)!r}; available: "
+            f"{', '.join(available_families(dirs)) or 'none'} (or give a space file's path, *.toml; "
+            f"kernel directories: --kernels DIR or {KERNELS_ENV})"
+        )
+    if len(found) > 1:
+        places = " and ".join(printable(p, 200) for p, _ in found)
+        raise SpaceError(
+            f"kernel family {name!r} is defined twice ({places}); give the space file's path to pick one, "
+            "or rename one family"
+        )
+    return found[0]
+
+
+def _root_of(path: Path, dirs: tuple[Path, ...]) -> Path:
+    """The kernel root of a space file given by path: its own directory when that is one of the user's
+    kernel directories, else the package's kernel_src/ (a variant of an in-tree family)."""
+    parent = path.resolve().parent
+    return parent if parent in dirs or parent in _NAMED_DIRS else KERNEL_SRC
+
+
+def load_space(
+    name_or_path: str | Path, *, kernels: str | Path | list[str | Path] | tuple[str | Path, ...] | None = None
+) -> Space:
+    """Load a family by name (``sm80``, found in the ``kernels`` directories and ``$FLASHTUNE_KERNELS``,
+    then in the package) or a space file by path (``*.toml``), checking it thoroughly."""
+    dirs = kernel_dirs(kernels)
     path = Path(name_or_path)
     if path.suffix != ".toml":
-        name = str(name_or_path)
-        path = SEARCH_SPACES / f"{name}.toml"
-        if not _NAME.fullmatch(name) or not path.is_file():
-            raise SpaceError(
-                f"unknown kernel family {printable(name, 80)!r}; available: "
-                f"{', '.join(available_families()) or 'none'} (or give a space file's path, *.toml)"
-            )
+        path, root = _find_family(str(name_or_path), dirs)
+    else:
+        root = _root_of(path, dirs)
     shown = printable(path, 200)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -318,7 +406,7 @@ def load_space(name_or_path: str | Path) -> Space:
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"{shown}: not valid TOML: {e}") from None
     try:
-        return _parse(data, path)
+        return _parse(data, path, root)
     except (ExprError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, SpaceError):
             raise
@@ -338,6 +426,23 @@ def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str
             )
         if isinstance(value, bool) or value not in values:
             raise SpaceError(f"{where}: default_by_head_dim {key} = {value!r} is not one of the values {values}")
+        out.append((int(key), int(value)))
+    return tuple(sorted(out))
+
+
+def _arch_defaults(table: Any, values: list[int], family: Family, where: str) -> tuple[tuple[int, int], ...]:
+    """``default_by_arch = { 100 = 32 }``: from this compute capability (x10) on, a default among the values."""
+    if not isinstance(table, dict):
+        raise SpaceError(f"{where}: default_by_arch must be a table such as {{ 100 = 32 }}")
+    out = []
+    for key, value in table.items():
+        if not re.fullmatch(r"[0-9]{2,4}", key) or int(key) <= family.min_arch:
+            raise SpaceError(
+                f"{where}: default_by_arch key {key!r} must be a compute capability times ten above the "
+                f"family's min_arch {family.min_arch} (the plain default is the one for min_arch)"
+            )
+        if isinstance(value, bool) or value not in values:
+            raise SpaceError(f"{where}: default_by_arch {key} = {value!r} is not one of the values {values}")
         out.append((int(key), int(value)))
     return tuple(sorted(out))
 
@@ -364,10 +469,10 @@ def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: se
         raise SpaceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
 
 
-def _parse(data: Mapping[str, Any], path: Path) -> Space:
+def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
     where = str(path)
     _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints"})
-    family = _parse_family(_table(data, "family", where), path)
+    family = _parse_family(_table(data, "family", where), path, root)
     macros: set[str] = set()  # knob and derived macros so far (the problem's and the device's are reserved)
     known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)  # grows by each knob and derived value, in file order
     knob_tables = _table(data, "knobs", where)
@@ -388,6 +493,7 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
     threads, smem_bytes, grid, launch_abi = _parse_launch(_table(data, "launch", where), where, known)
     _check_macros_are_read(
         family,
+        root,
         [(f"[knobs.{k.name}]", k.macro) for k in knobs]
         + [(f"[derived.{d.name}]", d.macro) for d in derived if d.macro],
         where,
@@ -402,10 +508,11 @@ def _parse(data: Mapping[str, Any], path: Path) -> Space:
         launch_grid=grid,
         path=path,
         launch_abi=launch_abi,
+        root=root,
     )
 
 
-def _parse_family(fam: dict[str, Any], path: Path) -> Family:
+def _parse_family(fam: dict[str, Any], path: Path, root: Path) -> Family:
     """``[family]``: names, sources, entry, ABI, arch, head dims and dtypes, each checked."""
     where = str(path)
     _keys(
@@ -422,7 +529,7 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
     if fam["name"] != path.stem:
         raise SpaceError(f"{where}: [family] name {fam['name']!r} must equal the file name {path.stem!r}")
     for key in ("source", "config_header"):
-        _check_source(fam[key], f"{where}: [family] {key}")
+        _check_source(fam[key], f"{where}: [family] {key}", root)
     for key, pattern, what in (
         ("entry", _C_IDENT, "a C identifier"),
         ("abi", _NAME, "lower_snake_case"),
@@ -469,7 +576,7 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
 
 def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str], macros: set[str]) -> Knob:
     """``[knobs.<name>]``; adds the knob's name to ``known`` and its macro to ``macros``."""
-    _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "ordered"})
+    _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "default_by_arch", "ordered"})
     _check_name(name, kw, known)
     _check_macro(entry["macro"], kw, macros)
     values = entry["values"]
@@ -486,12 +593,20 @@ def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str],
     if not isinstance(entry["help"], str):
         raise SpaceError(f"{kw}: help must be a string")
     by_head_dim = _head_dim_defaults(entry.get("default_by_head_dim", {}), values, family, kw)
+    by_arch = _arch_defaults(entry.get("default_by_arch", {}), values, family, kw)
     ordered = entry.get("ordered", True)
     if not isinstance(ordered, bool):
         raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
     known.add(name)
     return Knob(
-        name, entry["macro"], tuple(int(v) for v in values), int(entry["default"]), entry["help"], by_head_dim, ordered
+        name,
+        entry["macro"],
+        tuple(int(v) for v in values),
+        int(entry["default"]),
+        entry["help"],
+        by_head_dim,
+        ordered,
+        by_arch,
     )
 
 
@@ -559,52 +674,71 @@ def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
     macros.add(macro)
 
 
-def _check_source(value: Any, where: str) -> None:
-    """A kernel source path: relative, inside kernel_src/ (no "..", no link out of it), an existing file."""
+def _check_source(value: Any, where: str, root: Path) -> None:
+    """A kernel source path: relative to the kernel directory ``root`` and inside it (no "..", no link out of
+    it), an existing file of bounded size."""
     if not isinstance(value, str) or not _SOURCE.fullmatch(value) or ".." in value.split("/"):
         raise SpaceError(
-            f"{where} {value!r:.120} must be a relative path inside kernel_src/ (letters, digits, _ . - and /; no '..')"
+            f"{where} {value!r:.120} must be a relative path inside {printable(root, 200)} "
+            "(letters, digits, _ . - and /; no '..')"
         )
-    path = (KERNEL_SRC / value).resolve()
-    if not path.is_relative_to(KERNEL_SRC.resolve()) or not path.is_file():
-        raise SpaceError(f"{where} {value!r} is not a file under {KERNEL_SRC}")
+    path = (root / value).resolve()
+    if not path.is_relative_to(root.resolve()) or not path.is_file():
+        raise SpaceError(
+            f"{where} {value!r} is not a file under {printable(root, 200)} (a link out of it does not count)"
+        )
+    if path.stat().st_size > MAX_SOURCE_BYTES:
+        raise SpaceError(f"{where} {value!r} is larger than {MAX_SOURCE_BYTES} bytes; a kernel source cannot be")
 
 
-def _kernel_text(family: Family) -> str:
-    """The family's source and config header with every file they include from kernel_src/, comments removed."""
-    root = KERNEL_SRC.resolve()
+def _read_source(path: Path) -> bytes:
+    """A kernel file's bytes, refused beyond ``MAX_SOURCE_BYTES``."""
+    with path.open("rb") as f:
+        data = f.read(MAX_SOURCE_BYTES + 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SpaceError(f"{printable(path, 200)}: larger than {MAX_SOURCE_BYTES} bytes; a kernel source cannot be")
+    return data
+
+
+def _source_files(family: Family, root: Path) -> set[Path]:
+    """The family's source and config header and every file they include (``#include "x"``, found under
+    ``root`` or beside the including file, never outside ``root``), at most ``MAX_SOURCE_FILES``."""
     pending = [root / family.source, root / family.config_header]
     seen: set[Path] = set()
-    texts = []
     while pending:
-        path = pending.pop()
-        if path in seen or not path.is_file():
+        path = pending.pop().resolve()
+        if path in seen or not path.is_relative_to(root) or not path.is_file():
             continue
         seen.add(path)
-        try:
-            text = _COMMENT.sub(" ", path.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue
-        texts.append(text)
+        if len(seen) > MAX_SOURCE_FILES:
+            raise SpaceError(f"{family.name}: its sources include more than {MAX_SOURCE_FILES} files")
+        text = _COMMENT.sub(" ", _read_source(path).decode("utf-8", errors="replace"))
         for include in _INCLUDE.findall(text):
             for base in (root, path.parent):
                 candidate = (base / include).resolve()
                 if candidate.is_relative_to(root) and candidate.is_file():
                     pending.append(candidate)
                     break
-    return "\n".join(texts)
+    return seen
 
 
-def _check_macros_are_read(family: Family, declared: list[tuple[str, str]], where: str) -> None:
+def _kernel_text(family: Family, root: Path) -> str:
+    """The family's source and config header with every file they include from ``root``, comments removed."""
+    files = sorted(_source_files(family, root.resolve()))
+    return "\n".join(_COMMENT.sub(" ", _read_source(p).decode("utf-8", errors="replace")) for p in files)
+
+
+def _check_macros_are_read(family: Family, root: Path, declared: list[tuple[str, str]], where: str) -> None:
     """Every knob and derived macro must be read by the family's kernel: a macro it never reads would make a
     study tune a knob that does nothing."""
-    read = set(_MACRO_TOKEN.findall(_kernel_text(family)))
+    read = set(_MACRO_TOKEN.findall(_kernel_text(family, root)))
+    shown = "kernel_src" if root == KERNEL_SRC else printable(root, 200)
     for entry, macro in declared:
         if macro not in read:
             raise SpaceError(
                 f"{where} {entry}: macro {macro} is never read by the {family.name} kernel "
-                f"(kernel_src/{family.source} and what it includes); use the name "
-                f"kernel_src/{family.config_header} reads, or add it there"
+                f"({shown}/{family.source} and what it includes); use the name "
+                f"{shown}/{family.config_header} reads, or add it there"
             )
 
 

@@ -24,6 +24,7 @@ from ._attributes import (
     FAMILY,
     GPU,
     IS_DEFAULT,
+    KERNEL,
     MADE_BY,
     MEASUREMENT,
     OWNER,
@@ -91,6 +92,7 @@ __all__ = [
     # trials
     "HEARTBEAT_INTERVAL_S",
     "IS_DEFAULT",
+    "KERNEL",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",

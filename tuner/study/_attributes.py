@@ -8,6 +8,8 @@ Study user attributes, set once at creation (``MADE_BY`` last, so a study that h
     ``PROBLEM``       :class:`~tuner.problem.Problem` as a dict
     ``GPU``           what the GPU worker reported (name, arch, driver, clocks, ...)
     ``SPACE_DIGEST``  hash of the space file's knob declarations
+    ``KERNEL``        {"origin", "source_digest"}: where the family came from ("package" or its kernel
+                      directory) and the hash of its sources (``Space.source_digest``)
     ``MADE_BY``       {"version", "schema"} of the tuner that created the study
 and later:
     ``RUN``           how the study is tuned (sampler, seed, trial target)
@@ -33,6 +35,7 @@ __all__ = [
     "FAMILY",
     "GPU",
     "IS_DEFAULT",
+    "KERNEL",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",
@@ -56,6 +59,7 @@ FAMILY = "family"
 PROBLEM = "problem"
 GPU = "gpu"
 SPACE_DIGEST = "space_digest"
+KERNEL = "kernel"
 RUN = "run"
 WINNER = "winner"
 #: study: the studies whose winners were enqueued (once); trial: the study its config came from

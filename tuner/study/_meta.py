@@ -32,6 +32,7 @@ from ._attributes import (
     FAMILY,
     GPU,
     IS_DEFAULT,
+    KERNEL,
     MADE_BY,
     MEASUREMENT,
     PROBLEM,
@@ -129,6 +130,7 @@ class StudyMeta:
     gpu: Mapping[str, Any]
     space_digest: str | None
     run: Mapping[str, Any] = field(default_factory=dict)
+    kernel: Mapping[str, Any] = field(default_factory=dict)  # origin and source digest (none: an older study)
     winner: Mapping[str, Any] | None = None  # as stored (see :func:`winner` for the one to serve)
 
     @classmethod
@@ -168,6 +170,7 @@ class StudyMeta:
         digest = attrs.get(SPACE_DIGEST)
         run = attrs.get(RUN)
         stored_winner = attrs.get(WINNER)
+        kernel = attrs.get(KERNEL)
         return cls(
             name=name,
             version=version,
@@ -178,6 +181,7 @@ class StudyMeta:
             space_digest=digest if isinstance(digest, str) else None,
             run=dict(run) if isinstance(run, dict) else {},
             winner=dict(stored_winner) if isinstance(stored_winner, dict) else None,
+            kernel=dict(kernel) if isinstance(kernel, dict) else {},
         )
 
     @property
@@ -200,7 +204,15 @@ class StudyMeta:
         try:
             space = load_space(self.family)
         except SpaceError as e:
-            raise StudyError(f"study {shown!r} tunes family {self.family!r}, which cannot be loaded: {e}") from None
+            origin = self.kernel.get("origin")
+            hint = (
+                f" (it came from kernel directory {printable(origin, 200)}: pass --kernels with it)"
+                if isinstance(origin, str) and origin != "package"
+                else ""
+            )
+            raise StudyError(
+                f"study {shown!r} tunes family {self.family!r}, which cannot be loaded{hint}: {e}"
+            ) from None
         if self.space_digest != space_digest(space):
             raise StaleSpaceError(
                 f"study {shown!r} was tuned for other {self.family} knobs (space digest "
@@ -221,12 +233,31 @@ class StudyMeta:
                 f"study {shown!r} was measured on {printable(repr(self.gpu.get('name')), 60)}; timings "
                 f"on {printable(repr(gpu.get('name')), 60)} do not compare: use another --study name"
             )
+        self.check_sources(space)
         if self.space_digest != space_digest(space):
             raise StudyError(
                 f"the knobs of {space.name} changed since study {shown!r} was created; "
                 "its stored configs no longer match: start a new study (another --study name; "
                 "with --suite, another --storage)"
             )
+
+    def check_sources(self, space: Space) -> None:
+        """Refuse a kernel whose sources changed since the study was created (a study made before flashtune
+        recorded them cannot tell, and is not refused)."""
+        stored = self.kernel.get("source_digest")
+        if isinstance(stored, str) and stored != space.source_digest():
+            origin = printable(self.kernel.get("origin", "?"), 200)
+            raise StudyError(
+                f"the sources of kernel family {space.name} changed since study {printable(self.name, 120)!r} "
+                f"was created (from {origin}; source digest {printable(stored, 16)}, today "
+                f"{space.source_digest()} in {space.origin}): its timings are of another kernel; start a new "
+                "study (another --study name) or restore the sources"
+            )
+
+
+def kernel_attrs(space: Space) -> dict[str, str]:
+    """What a study records about its kernel: where the family came from and the digest of its sources."""
+    return {"origin": space.origin, "source_digest": space.source_digest()}
 
 
 @dataclass(frozen=True)
@@ -247,6 +278,12 @@ def space_digest(space: Space) -> str:
     """Hash of the knob declarations: a study's stored params only make sense for this space."""
     text = json.dumps([(k.name, k.macro, list(k.values)) for k in space.knobs])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _arch(gpu: Mapping[str, Any]) -> int | None:
+    """The compute capability (x10) a study's GPU information names, or None."""
+    arch = gpu.get("arch")
+    return arch if isinstance(arch, int) and not isinstance(arch, bool) else None
 
 
 def _slug(text: str) -> str:
@@ -275,7 +312,7 @@ def _stored_meta(storage: optuna.storages.BaseStorage, name: str, study_id: int)
         try:
             return StudyMeta.from_attrs(name, attrs)
         except NotFlashtuneError:
-            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST}
+            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST, KERNEL}
             patience = _META_WAIT_S if partial else _EMPTY_WAIT_S if not attrs else 0.0
             if time.monotonic() - start > patience or any(
                 t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)
@@ -311,7 +348,8 @@ def open_study(
             study.set_user_attr(PROBLEM, problem.to_dict())
             study.set_user_attr(GPU, gpu)
             study.set_user_attr(SPACE_DIGEST, space_digest(space))
-            study.enqueue_trial(space.defaults(problem.head_dim), user_attrs={IS_DEFAULT: True})
+            study.set_user_attr(KERNEL, kernel_attrs(space))
+            study.enqueue_trial(space.defaults(problem.head_dim, _arch(gpu)), user_attrs={IS_DEFAULT: True})
             study.set_user_attr(MADE_BY, {"version": __version__, "schema": SCHEMA_VERSION})  # last: complete
             return study
         _stored_meta(storage, name, study_id).check_resumable(space, problem, gpu)
@@ -504,7 +542,7 @@ def choose(study: optuna.Study) -> ChosenConfig:
         measured_on=str(best["date"]) if best.get("date") else None,
         made_by=meta.version,
         latency_ms=_finite(best.get("latency_ms")),
-        is_default=config == space.defaults(meta.problem.head_dim),
+        is_default=config == space.defaults(meta.problem.head_dim, device.arch),
         **_verdict_fields(best),
     )
 
