@@ -211,10 +211,8 @@ def test_winner_prefers_the_retimed_entry(storage, toy_space, problem):
 
 
 def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_space, problem):
-    from tuner.search import distributions
-
     study = _open(storage, toy_space, problem, name="stale")
-    dists = distributions(toy_space)
+    dists = st.knob_distributions(toy_space, study.user_attrs)
 
     def add(value, params, **attrs):
         study.add_trial(optuna.trial.create_trial(value=value, params=params, distributions=dists, user_attrs=attrs))

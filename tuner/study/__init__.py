@@ -24,6 +24,7 @@ from ._attributes import (
     FAMILY,
     GPU,
     IS_DEFAULT,
+    KNOB_ENCODING,
     MADE_BY,
     MEASUREMENT,
     OWNER,
@@ -41,6 +42,7 @@ from ._attributes import (
     WINNER,
 )
 from ._heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, owner_alive, recover_stale, requeue_stale, this_process
+from ._knobs import knob_distribution, knob_distributions
 from ._meta import (
     ChosenConfig,
     NotFlashtuneError,
@@ -91,6 +93,7 @@ __all__ = [
     # trials
     "HEARTBEAT_INTERVAL_S",
     "IS_DEFAULT",
+    "KNOB_ENCODING",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",
@@ -136,6 +139,8 @@ __all__ = [
     "finished",
     "is_evaluated",
     "is_finished",
+    "knob_distribution",
+    "knob_distributions",
     "load_flashtune_study",
     "load_suite",
     "mask_url",

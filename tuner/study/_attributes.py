@@ -8,6 +8,8 @@ Study user attributes, set once at creation (``MADE_BY`` last, so a study that h
     ``PROBLEM``       :class:`~tuner.problem.Problem` as a dict
     ``GPU``           what the GPU worker reported (name, arch, driver, clocks, ...)
     ``SPACE_DIGEST``  hash of the space file's knob declarations
+    ``KNOB_ENCODING`` how the knobs are stored (``"steps"``: ordered knobs as integers; absent in
+                      older studies, whose knobs are all categorical: :mod:`tuner.study._knobs`)
     ``MADE_BY``       {"version", "schema"} of the tuner that created the study
 and later:
     ``RUN``           how the study is tuned (sampler, seed, trial target)
@@ -33,6 +35,7 @@ __all__ = [
     "FAMILY",
     "GPU",
     "IS_DEFAULT",
+    "KNOB_ENCODING",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",
@@ -56,6 +59,7 @@ FAMILY = "family"
 PROBLEM = "problem"
 GPU = "gpu"
 SPACE_DIGEST = "space_digest"
+KNOB_ENCODING = "knob_encoding"
 RUN = "run"
 WINNER = "winner"
 #: study: the studies whose winners were enqueued (once); trial: the study its config came from

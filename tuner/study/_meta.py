@@ -13,6 +13,7 @@ import json
 import math
 import re
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from ._attributes import (
     FAMILY,
     GPU,
     IS_DEFAULT,
+    KNOB_ENCODING,
     MADE_BY,
     MEASUREMENT,
     PROBLEM,
@@ -40,9 +42,11 @@ from ._attributes import (
     STATUS,
     WINNER,
 )
+from ._knobs import STEPS
 from ._secrets import mask_url
 
 __all__ = [
+    "METRIC_NAME",
     "SCHEMA_VERSION",
     "ChosenConfig",
     "NotFlashtuneError",
@@ -66,6 +70,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: the objective's name in Optuna's tools (``study.set_metric_names``): every trial's value is its TFLOPS
+METRIC_NAME = "TFLOPS"
 
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # how long a racing tuner waits for the creator to finish writing a new study's attributes: while it has some
@@ -275,7 +281,7 @@ def _stored_meta(storage: optuna.storages.BaseStorage, name: str, study_id: int)
         try:
             return StudyMeta.from_attrs(name, attrs)
         except NotFlashtuneError:
-            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST}
+            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST, KNOB_ENCODING}
             patience = _META_WAIT_S if partial else _EMPTY_WAIT_S if not attrs else 0.0
             if time.monotonic() - start > patience or any(
                 t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)
@@ -311,12 +317,22 @@ def open_study(
             study.set_user_attr(PROBLEM, problem.to_dict())
             study.set_user_attr(GPU, gpu)
             study.set_user_attr(SPACE_DIGEST, space_digest(space))
+            _name_for_optuna_tools(study)
             study.enqueue_trial(space.defaults(problem.head_dim), user_attrs={IS_DEFAULT: True})
             study.set_user_attr(MADE_BY, {"version": __version__, "schema": SCHEMA_VERSION})  # last: complete
             return study
         _stored_meta(storage, name, study_id).check_resumable(space, problem, gpu)
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     raise StudyError(f"study {printable(name, 120)!r} was created and deleted repeatedly while opening it; rerun")
+
+
+def _name_for_optuna_tools(study: optuna.Study) -> None:
+    """What Optuna's tools read from a new study: the objective's name ("TFLOPS", not "Objective 0") and
+    the knob encoding under which ordered knobs are stored as integers (:mod:`tuner.study._knobs`)."""
+    with warnings.catch_warnings():  # set_metric_names is marked experimental: no warning for the user
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC_NAME])
+    study.set_user_attr(KNOB_ENCODING, STEPS)
 
 
 def study_problem(study: optuna.Study) -> Problem:
