@@ -115,6 +115,11 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_suite_lookup(p: argparse.ArgumentParser, what: str) -> None:
+    """``--suite FILE`` on a command that reads studies: the suite's storage and its studies."""
+    p.add_argument("--suite", help=what)
+
+
 def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
     p.add_argument("--gpus", default="0", help="CUDA devices: 0, 0,1,3 or all; one measuring process each (default 0)")
     p.add_argument(
@@ -186,8 +191,9 @@ def _add_worker(sub) -> None:
 
 def _add_best(sub) -> None:
     """The options of ``flashtune best``."""
-    p = sub.add_parser("best", help="print the best config of a study")
-    p.add_argument("--study", required=True, type=_study_name, help="the study")
+    p = sub.add_parser("best", help="print the best config of a study (or of every study of a suite)")
+    p.add_argument("--study", type=_study_name, help="the study (with --suite: one of the suite's)")
+    _add_suite_lookup(p, "every study of this suite file, in its storage (unless --storage is given)")
     _add_storage(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON, no NaN or infinity)")
     p.set_defaults(func=cmd_best)
@@ -195,7 +201,8 @@ def _add_best(sub) -> None:
 
 def _add_studies(sub) -> None:
     """The options of ``flashtune studies``."""
-    p = sub.add_parser("studies", help="list the studies in a storage with their best TFLOPS")
+    p = sub.add_parser("studies", help="list the studies in a storage (or of a suite) with their best TFLOPS")
+    _add_suite_lookup(p, "only the studies of this suite file, in its storage (unless --storage is given)")
     _add_storage(p)
     p.set_defaults(func=cmd_studies)
 

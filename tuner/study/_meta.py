@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+import shlex
 import time
 import warnings
 from collections.abc import Mapping
@@ -61,6 +62,7 @@ __all__ = [
     "describe",
     "finished_by_config",
     "is_evaluated",
+    "listing_hint",
     "load_flashtune_study",
     "open_study",
     "space_digest",
@@ -453,13 +455,25 @@ class ChosenConfig:
         }
 
 
-def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storage_url: str) -> optuna.Study:
-    """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's."""
+def listing_hint(storage_url: str | None, suite_path: str | None = None) -> str:
+    """The command that lists the studies of this storage (or of this suite): the hint of every "no such
+    study" message, with the ``--suite`` or ``--storage`` it needs (the password masked)."""
+    if suite_path:
+        return f"`flashtune studies --suite {shlex.quote(str(suite_path))}` lists them"
+    return f"`flashtune studies --storage {shlex.quote(mask_url(storage_url or ''))}` lists them"
+
+
+def load_flashtune_study(
+    storage: optuna.storages.BaseStorage, name: str, storage_url: str, *, suite_path: str | None = None
+) -> optuna.Study:
+    """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's
+    (``suite_path``: the suite whose storage it is, for the hint)."""
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise StudyError(
-            f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; `flashtune studies` lists them"
+            f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; "
+            + listing_hint(storage_url, suite_path)
         ) from None
     StudyMeta.read(study)
     return study
