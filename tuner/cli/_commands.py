@@ -25,6 +25,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..run import RunSpec, compile_processes, prepare_study, run_on_gpus
     from ..study import mask_url
 
+    if getattr(args, "model", None):
+        from ._model import write_model_suite
+
+        args.suite = write_model_suite(args)
+        return _tune_suite(args)
     if getattr(args, "suite", None):
         return _tune_suite(args)
     if args.study is not None:

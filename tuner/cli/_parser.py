@@ -174,7 +174,35 @@ def _add_tune(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     _add_run_options(p)
     p.add_argument("--suite", help="tune every problem of a suite file (studies/*.toml) instead; reruns resume")
+    _add_model(p)
     p.set_defaults(func=cmd_tune)
+
+
+def _seqlens(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected lengths such as 1024,4096, not {printable(text, 60)!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive lengths such as 1024,4096, not {printable(text, 60)!r}")
+    return values
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """``tune --model config.json``: a Hugging Face model's attention shapes, tuned as a suite."""
+    g = p.add_argument_group("a model's shapes")
+    g.add_argument(
+        "--model",
+        metavar="CONFIG_JSON",
+        help="tune the attention of the model this Hugging Face config.json describes (heads, KV heads, head "
+        "dim, dtype; --dtype and --causal override it) at --seqlens and --batch, as a suite",
+    )
+    g.add_argument("--seqlens", type=_seqlens, help="with --model: sequence lengths, e.g. 1024,4096 (default --seqlen)")
+    g.add_argument(
+        "--model-suite",
+        metavar="TOML",
+        help="with --model: the suite file to write (default <model>-attention.toml here); rerunning resumes it",
+    )
 
 
 def _add_worker(sub) -> None:

@@ -10,7 +10,9 @@
 - Trials: the tuning loop creates and finishes trials in one short transaction each
   (:func:`create_running_trial`, :func:`finish`); :class:`Heartbeat` beats for the trials a process
   holds, and :func:`recover_stale` fails those whose process died and enqueues their configs again.
-- Suites: :func:`load_suite` reads a TOML file naming the problems of one family to tune.
+- Suites: :func:`load_suite` reads a TOML file naming the problems of one family to tune;
+  :func:`model_shapes` reads a Hugging Face model's ``config.json`` into its attention problems, which
+  :func:`model_suite_text` writes as a suite (``flashtune tune --model``).
 
 Optuna's private storage names are used in one module only (``_optuna_storage``); other code reaches
 a study's storage and a trial's id through :func:`study_storage` and :func:`trial_id_of`.
@@ -64,6 +66,7 @@ from ._meta import (
     winner,
     winner_verdict,
 )
+from ._model import ModelError, ModelShapes, model_shapes, model_suite_text
 from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
 from ._secrets import mask_url, redact
@@ -114,6 +117,8 @@ __all__ = [
     "ChosenConfig",
     "FlashtuneStorage",
     "Heartbeat",
+    "ModelError",
+    "ModelShapes",
     "NotFlashtuneError",
     "StaleSpaceError",
     "StorageError",
@@ -146,6 +151,8 @@ __all__ = [
     "load_flashtune_study",
     "load_suite",
     "mask_url",
+    "model_shapes",
+    "model_suite_text",
     "open_storage",
     "open_study",
     "owner_alive",
