@@ -14,6 +14,7 @@ import sys
 from ..devices import limits_for_arch
 from ..errors import UsageError
 from ..problem import Problem
+from ..progress import Progress, log
 from ..text import printable
 from . import _gpus
 from ._args import check_printable_name, check_seed, noise_floor, problem_from, tune_settings
@@ -232,29 +233,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import optuna
-
     from ..run import format_table, load_oracle, replay, summarize
     from ..study import open_storage
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     if args.seeds < 1 or args.budget < 1 or args.window < 1 or args.jobs < 1:
         raise UsageError("--seeds, --budget, --window and --jobs must be at least 1")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     oracle = load_oracle(open_storage(args.storage, create=False), args.study, args.space, storage_url=args.storage)
-    done = [0]
-    total = len(samplers) * args.seeds
+    with Progress(len(samplers) * args.seeds, desc="replay", unit="run") as shown:
 
-    def progress(run) -> None:
-        done[0] += 1
-        if sys.stderr.isatty():
-            print(
-                f"\rreplayed {done[0]}/{total} runs", end="" if done[0] < total else "\n", file=sys.stderr, flush=True
-            )
+        def progress(run) -> None:
+            shown.update(1, f"last {run.sampler} seed {run.seed}")
+            log.debug("replayed %s seed %s", run.sampler, run.seed)
 
-    runs = replay(
-        oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs, progress=progress
-    )
+        runs = replay(
+            oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs, progress=progress
+        )
     rows = summarize(oracle, runs)
     if args.json:
         print(

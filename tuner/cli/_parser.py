@@ -366,4 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     _add_export(sub)
     _add_report(sub)
+    for command in sub.choices.values():
+        _add_verbosity(command)
     return parser
+
+
+def _add_verbosity(p: argparse.ArgumentParser) -> None:
+    """``-v``/``-q`` (each may repeat) on every subcommand: see :func:`tuner.progress.configure_logging`."""
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="say more: -v each trial and run, -vv Optuna's log too"
+    )
+    p.add_argument(
+        "-q", "--quiet", action="count", default=0, help="say less: -q no progress or information, -qq errors only"
+    )

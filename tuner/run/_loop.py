@@ -48,6 +48,7 @@ from ..devices import DeviceLimits
 from ..gpu import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
 from ..outcome import Outcome, Status
 from ..problem import Problem
+from ..progress import log
 from ..search import Search
 from ..space import Config, Space, config_key
 from ..study import (
@@ -607,6 +608,13 @@ class TuneLoop:
             self.summary.failed += 1
         self.state.record(frozen, self.search)
         self.state.seen[key] = frozen
+        log.debug(
+            "trial %d: %s%s  %s",
+            item.trial.number,
+            frozen.user_attrs.get(st.STATUS, frozen.state.name.lower()),
+            f" {frozen.value:.1f} TFLOPS" if frozen.value is not None else "",
+            key,
+        )
         duplicates = self.held.duplicates.pop(key, [])
         self.storer.submit(functools.partial(self._store, item.trial, item.config, outcome, duplicates, frozen))
         self._report("trial")
