@@ -49,7 +49,7 @@ def gpu(monkeypatch):
     stand_in = StandInGPU()
     install(monkeypatch, stand_in)
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
-    monkeypatch.setattr(sd, "_device_arch", lambda torch, index: 100)
+    monkeypatch.setattr(sd, "_device_arch", lambda index: 100)
     yield stand_in
     tuner.serve.clear_cache()
 

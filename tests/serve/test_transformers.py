@@ -99,7 +99,7 @@ def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypa
     gpu = StandInGPU()
     install(monkeypatch, gpu)
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
-    monkeypatch.setattr(sd, "_device_arch", lambda torch, index: 100)
+    monkeypatch.setattr(sd, "_device_arch", lambda index: 100)
     seen = []
     real = sd.sdpa
 
@@ -131,7 +131,7 @@ def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypat
         return reference(*args)
 
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
-    monkeypatch.setattr(sd, "_device_arch", lambda torch, index: 100)
+    monkeypatch.setitem(sd._arch, 0, 100)  # device 0 is an sm_100 GPU: the real (marked) lookup answers
     monkeypatch.setattr(torch_op, "_run", run)
     tuner.serve.register_torch_op()
     torch._dynamo.reset()

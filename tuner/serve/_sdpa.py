@@ -125,10 +125,12 @@ def _cuda_device(q, k, v) -> int:
     return index if k.get_device() == index and v.get_device() == index else -1
 
 
-def _device_arch(torch, index: int) -> int:
+def _device_arch(index: int) -> int:
+    """The compute capability x10 of CUDA device ``index`` (asked once; plain arguments: a torch.compile
+    constant, see :func:`_mark_host_lookups`)."""
     arch = _arch.get(index)
     if arch is None:
-        major, minor = torch.cuda.get_device_capability(index)
+        major, minor = sys.modules["torch"].cuda.get_device_capability(index)
         arch = _arch[index] = major * 10 + minor
     return arch
 
@@ -210,7 +212,7 @@ def kernel_refusal(
         return "head_dim"
     if is_causal and n != nk:
         return "causal_alignment"
-    if not _family_runs(family, _device_arch(torch, device), d, dtype):
+    if not _family_runs(family, _device_arch(device), d, dtype):
         return "head_dim"
     if tracing is None:  # no addresses while tracing: the operator copies a misaligned one
         tracing = torch.compiler.is_compiling()
