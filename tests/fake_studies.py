@@ -18,7 +18,6 @@ from optuna.trial import TrialState
 from tuner import study as st
 from tuner.devices import DeviceLimits
 from tuner.problem import Problem
-from tuner.search import distributions
 from tuner.space import Space, available_families, config_key, load_space
 
 H200_INFO: dict[str, Any] = {
@@ -124,7 +123,7 @@ def fill_study(
     TFLOPS, up to a quarter infeasible ones PRUNED with the space's reason; with ``failures`` a few
     compile errors, wrong results and an interrupted trial too."""
     device = DeviceLimits.from_info(study.user_attrs["gpu"])
-    dists = distributions(space)
+    dists = st.knob_distributions(space, study.user_attrs)  # as the study stores its knobs
     rng = random.Random(seed)
     # the enqueued default config (or, in a resumed study, the next enqueued one), told as tune.py tells a
     # measured trial; a resumed study without one gets only the random configs below

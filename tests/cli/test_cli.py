@@ -313,3 +313,66 @@ def test_best_of_an_unknown_study_does_not_print_the_storage_password(monkeypatc
     assert main(["best", "--study", "typo", "--storage", "postgresql+psycopg://ft:secret-pw@db.example/ft"]) == 2
     err = capsys.readouterr().err
     assert "no study named 'typo'" in err and "secret-pw" not in err and "db.example" in err
+
+
+def _suite_with_one_study(tmp_path):
+    """A suite of two problems in its own storage, one of them tuned, and a study of another problem beside."""
+    from tests.fake_studies import family_for_tests, make_study
+
+    family = family_for_tests()
+    url = f"sqlite:///{tmp_path}/suite.db"
+    suite = tmp_path / "two.toml"
+    suite.write_text(
+        f'family = "{family}"\nstorage = "{url}"\n[grid]\nhead_dim = 128\nheads = 16\nbatch = 2\nseqlen = [1024, 2048]\n'
+    )
+    tuned = Problem(batch=2, seqlen_q=1024, heads_q=16, head_dim=128)
+    make_study(url, "in-suite", family, tuned, n_trials=6)
+    make_study(url, "not-in-suite", family, Problem(batch=3, seqlen_q=512, heads_q=8, head_dim=64), n_trials=6)
+    return suite, url
+
+
+def test_studies_and_best_take_a_suite_its_storage_and_its_studies(tmp_path):
+    suite, _url = _suite_with_one_study(tmp_path)
+    listed = flashtune("studies", "--suite", str(suite), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "in-suite" in listed.stdout and "not-in-suite" not in listed.stdout
+    assert "(no study yet) fp16 d128 full N=2048 (B=2, H=16)" in listed.stdout
+
+    best = flashtune("best", "--suite", str(suite), cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    assert best.stdout.startswith("best of in-suite (") and "not-in-suite" not in best.stdout
+    as_json = flashtune("best", "--suite", str(suite), "--json", cwd=tmp_path)
+    assert [b["study"] for b in json.loads(as_json.stdout)] == ["in-suite"]
+    one = flashtune("best", "--suite", str(suite), "--study", "in-suite", cwd=tmp_path)
+    assert one.returncode == 0 and one.stdout.startswith("best of in-suite (")
+
+    # the storage the suite names, not the default one, unless --storage says otherwise
+    elsewhere = f"sqlite:///{tmp_path}/other.db"
+    open_storage(elsewhere)
+    proc = flashtune("studies", "--suite", str(suite), "--storage", elsewhere, cwd=tmp_path)
+    assert_one_error_line(proc, "studies", "no study of suite two", f"flashtune tune --suite {suite}")
+
+
+def test_a_missing_study_s_hint_names_the_storage_or_suite_that_lists_it(tmp_path):
+    suite, url = _suite_with_one_study(tmp_path)
+    proc = flashtune("best", "--suite", str(suite), "--study", "absent", cwd=tmp_path)
+    assert_one_error_line(proc, "best", "no study named 'absent'", f"`flashtune studies --suite {suite}` lists them")
+    proc = flashtune("best", "--storage", url, "--study", "absent", cwd=tmp_path)
+    assert_one_error_line(proc, "best", f"`flashtune studies --storage {url}` lists them")
+    proc = flashtune("export", "--dispatch", "--study", "nothing-*", "--storage", url, cwd=tmp_path)
+    assert_one_error_line(proc, "export", f"`flashtune studies --storage {url}` lists them")
+    proc = flashtune("report", "--suite", str(suite), "--study", "absent", cwd=tmp_path)
+    assert_one_error_line(proc, "report", f"`flashtune studies --suite {suite}` lists them")
+    proc = flashtune("best", cwd=tmp_path)
+    assert_one_error_line(proc, "best", "--study NAME", "--suite FILE")
+
+
+def test_the_hint_masks_a_password_and_quotes_the_url():
+    from tuner.study import listing_hint
+
+    hint = listing_hint("postgresql+psycopg://me:secret@db/x?a=1&b=2")
+    assert "secret" not in hint and hint.startswith("`flashtune studies --storage '")
+    assert (
+        listing_hint("sqlite:///s.db", "studies/my suite.toml")
+        == "`flashtune studies --suite 'studies/my suite.toml'` lists them"
+    )

@@ -152,14 +152,16 @@ def test_stale_space_still_reports_with_a_note(storage_url):
 
 
 def test_a_stale_retimed_winner_is_not_shown_as_the_winner(storage_url):
-    from tuner.search import distributions
+    from tuner.study import knob_distributions
 
     study = make_study(storage_url, "stale-winner", FAMILY, PROBLEM, n_trials=10, failures=False)
     assert study_data(study).winner is not None
     best = max((t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
     study.add_trial(
         optuna.trial.create_trial(
-            value=best.value * 4, params=best.params, distributions=distributions(load_space(FAMILY))
+            value=best.value * 4,
+            params=best.params,
+            distributions=knob_distributions(load_space(FAMILY), study.user_attrs),
         )
     )
     data = study_data(study)

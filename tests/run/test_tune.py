@@ -526,11 +526,10 @@ def test_ctrl_c_while_the_default_is_drawn_fails_it_and_enqueues_it_again(
 def test_stopping_does_not_enqueue_again_a_trial_another_tuner_already_failed(storage, toy_space, problem):
     import functools
 
-    from tuner.search import distributions
-    from tuner.study import REQUEUE_COUNT, TrialRef, retrying, stop_cleanly
+    from tuner.study import REQUEUE_COUNT, TrialRef, knob_distributions, retrying, stop_cleanly
 
-    dists = distributions(toy_space)
     study = make_study(storage, toy_space, problem)
+    dists = knob_distributions(toy_space, study.user_attrs)
     call = functools.partial(retrying, attempts=1)
     taken = study.ask()  # the enqueued default
     study.tell(taken, state=TrialState.FAIL)  # failed as stale by another tuner (which enqueued it again itself)

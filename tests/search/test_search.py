@@ -1,4 +1,4 @@
-"""tuner.search: searches by name (one registry), the stored study's sampler, and the distributions of a space."""
+"""tuner.search: searches by name (one registry), the stored study's sampler, and the distributions a search runs over."""
 
 from __future__ import annotations
 
@@ -8,26 +8,12 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from tests.conftest import family_params, toy_space_text
-from tuner.search import DEFAULT_SEARCH, SEARCHES, SamplerError, check_search, distributions, make_sampler, make_search
+from tests.conftest import toy_space_text
+from tuner.search import DEFAULT_SEARCH, SEARCHES, SamplerError, check_search, make_sampler, make_search
 from tuner.space import load_space
+from tuner.study import knob_distributions
 
 HAVE_GP_DEPS = all(importlib.util.find_spec(m) for m in ("torch", "scipy"))
-
-
-def test_distributions_are_one_categorical_per_knob(toy_space):
-    dists = distributions(toy_space)
-    assert list(dists) == [k.name for k in toy_space.knobs]
-    for k in toy_space.knobs:
-        assert isinstance(dists[k.name], CategoricalDistribution)
-        assert dists[k.name].choices == k.values
-
-
-@pytest.mark.parametrize("space_path", family_params())
-def test_distributions_of_every_family(space_path):
-    space = load_space(space_path)
-    dists = distributions(space)
-    assert {n: d.choices for n, d in dists.items()} == {k.name: k.values for k in space.knobs}
 
 
 @pytest.mark.parametrize("name", sorted(SEARCHES))
@@ -40,7 +26,7 @@ def test_every_sampler_builds_and_proposes_valid_configs(name, toy_space):
     assert isinstance(sampler, optuna.samplers.BaseSampler)
     study = optuna.create_study(sampler=sampler, direction="maximize")
     for _ in range(3):
-        trial = study.ask(distributions(toy_space))
+        trial = study.ask(knob_distributions(toy_space, {}))
         assert toy_space.validate(trial.params) == trial.params
         study.tell(trial, float(sum(trial.params.values())))
 
@@ -51,7 +37,7 @@ def test_seeded_samplers_are_reproducible(name, toy_space):
         study = optuna.create_study(sampler=make_sampler(name, toy_space, 42), direction="maximize")
         out = []
         for _ in range(10):
-            trial = study.ask(distributions(toy_space))
+            trial = study.ask(knob_distributions(toy_space, {}))
             out.append(trial.params)
             study.tell(trial, float(trial.params["block_m"]))
         return out

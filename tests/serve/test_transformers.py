@@ -99,7 +99,7 @@ def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypa
     gpu = StandInGPU()
     install(monkeypatch, gpu)
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
-    monkeypatch.setattr(sd, "_device_arch", lambda torch, index: 100)
+    monkeypatch.setattr(sd, "_device_arch", lambda index: 100)
     seen = []
     real = sd.sdpa
 
@@ -115,3 +115,41 @@ def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypa
         assert launch["args"][0] == ptr and launch["args"][10:13] == list(strides)
         assert args[2] is True and launch["args"][8:10] == [4, 2]  # causal; 4 query heads on 2 K/V heads
     tuner.serve.clear_cache()
+
+
+@pytest.mark.parametrize("build", ["llama", "vit"])
+def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypatch, build):
+    """CPU tensors count as CUDA ones and the operator's kernel call is a float32 reference: Dynamo traces
+    the model, each layer's attention is one torch.ops.flashtune.attention node, and nothing breaks the graph."""
+    import tuner.serve._torch_op as torch_op
+    from tests.serve.test_torch_op import reference
+
+    calls = []
+
+    def run(*args):
+        calls.append(args[3:])
+        return reference(*args)
+
+    monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
+    monkeypatch.setitem(sd._arch, 0, 100)  # device 0 is an sm_100 GPU: the real (marked) lookup answers
+    monkeypatch.setattr(torch_op, "_run", run)
+    tuner.serve.register_torch_op()
+    torch._dynamo.reset()
+    if build == "llama":
+        model, inputs = llama(ATTN_IMPLEMENTATION, dtype=torch.float16), {"input_ids": torch.randint(0, 128, (2, 64))}
+        same = llama("sdpa", dtype=torch.float16)  # the same weights (same seed) on PyTorch's SDPA
+    else:
+        model, inputs = vit(ATTN_IMPLEMENTATION).half(), {"pixel_values": torch.randn(2, 3, 32, 32).half()}
+        same = vit("sdpa").half()
+    try:
+        with torch.no_grad():
+            explained = torch._dynamo.explain(model)(**inputs)
+            assert explained.graph_break_count == 0, [r.reason[:300] for r in explained.break_reasons]
+            nodes = [n for g in explained.graphs for n in g.graph.nodes if "flashtune" in str(n.target)]
+            assert len(nodes) == 2  # one per layer
+            compiled = torch.compile(model, backend="aot_eager")(**inputs).last_hidden_state
+            eager = same(**inputs).last_hidden_state
+        torch.testing.assert_close(compiled, eager, atol=2e-2, rtol=2e-2)  # fp16 weights, a float32 reference
+        assert sdpa_fallbacks() == {} and calls
+    finally:
+        torch._dynamo.reset()

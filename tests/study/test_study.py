@@ -14,7 +14,7 @@ from tuner.problem import Problem
 from tuner.run import TuneSettings, tune
 from tuner.search import make_sampler, make_search
 from tuner.space import load_space
-from tuner.study import CONFIG_KEY, open_storage
+from tuner.study import CONFIG_KEY, knob_distributions, open_storage
 from tuner.study import _meta as st
 
 GPU = {
@@ -211,10 +211,8 @@ def test_winner_prefers_the_retimed_entry(storage, toy_space, problem):
 
 
 def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_space, problem):
-    from tuner.search import distributions
-
     study = _open(storage, toy_space, problem, name="stale")
-    dists = distributions(toy_space)
+    dists = knob_distributions(toy_space, study.user_attrs)
 
     def add(value, params, **attrs):
         study.add_trial(optuna.trial.create_trial(value=value, params=params, distributions=dists, user_attrs=attrs))
@@ -234,10 +232,8 @@ def test_a_faster_trial_after_the_retiming_makes_the_winner_stale(storage, toy_s
 
 
 def test_a_trial_that_finished_after_the_retiming_counts_even_with_a_lower_number(storage, toy_space, problem):
-    from tuner.search import distributions
-
     study = _open(storage, toy_space, problem, name="late")
-    dists = distributions(toy_space)
+    dists = knob_distributions(toy_space, study.user_attrs)
     other = {**toy_space.defaults(), "flag": 1}
     study.add_trial(optuna.trial.create_trial(value=300.0, params=other, distributions=dists))  # trial 1: late
     study.add_trial(optuna.trial.create_trial(value=100.0, params=toy_space.defaults(), distributions=dists))

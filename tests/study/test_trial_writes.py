@@ -17,13 +17,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tests.conftest import fast_dir
 from tests.study.test_storage_contract import _drop_pg_database, _new_pg_database
-from tuner.search import distributions
 from tuner.study import (
+    KNOB_ENCODING,
     OWNER,
     FlashtuneStorage,
     TrialRef,
     create_running_trial,
     finish_trial,
+    knob_distributions,
     open_storage,
     pop_waiting_trial_id,
     reading,
@@ -34,6 +35,11 @@ from tuner.study import (
 from tuner.study._optuna_storage import flashtune_storage
 
 MODES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres), "memory", "plain-rdb"]
+
+
+def distributions(space):
+    """The knobs' distributions as a study made by this version stores them (ordered knobs as integers)."""
+    return knob_distributions(space, {KNOB_ENCODING: "steps"})
 
 
 @pytest.fixture(params=MODES)

@@ -27,6 +27,7 @@ from ..compile import CompileOutcome, compile_outcome
 from ..devices import DeviceLimits
 from ..gpu import MeasureSettings, measure_job_for
 from ..problem import Problem
+from ..progress import Progress
 from ..run import Worker
 from ..space import Space, load_space
 from ..study import (
@@ -157,10 +158,12 @@ def bench_suite(
     rows = _chosen_rows(storage, entries, info)
     if compile_workers > 1:
         _compile_up_front(space, rows, device, ablate, compiler, compile_workers)
-    for i, row in enumerate(rows, 1):
-        _measure_row(worker, space, row, device, settings, ablate, compiler)
-        if log is not None:
-            _log_row(row, i, len(entries), log)
+    with Progress(len(rows), desc="bench", unit="shape", show=log is not None) as shown:
+        for i, row in enumerate(rows, 1):
+            _measure_row(worker, space, row, device, settings, ablate, compiler)
+            if log is not None:
+                shown.write(_row_line(row, i, len(entries)), log)
+                shown.update(1)
     return rows
 
 
@@ -224,14 +227,10 @@ def _measure_row(
         row.peers = {p["name"]: p.get("tflops") for p in peers}
 
 
-def _log_row(row: BenchRow, i: int, total: int, log: TextIO) -> None:
+def _row_line(row: BenchRow, i: int, total: int) -> str:
     ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
     cudnn = row.ratio("cudnn")
-    print(
-        f"bench [{i}/{total}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else ""),
-        file=log,
-        flush=True,
-    )
+    return f"bench [{i}/{total}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else "")
 
 
 def _git_commit() -> str | None:

@@ -14,6 +14,7 @@ import sys
 from ..devices import limits_for_arch
 from ..errors import UsageError
 from ..problem import Problem
+from ..progress import Progress, log
 from ..text import printable
 from . import _gpus
 from ._args import check_printable_name, check_seed, noise_floor, problem_from, tune_settings
@@ -25,6 +26,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..run import RunSpec, compile_processes, prepare_study, run_on_gpus
     from ..study import mask_url
 
+    if getattr(args, "model", None):
+        from ._model import write_model_suite
+
+        args.suite = write_model_suite(args)
+        return _tune_suite(args)
     if getattr(args, "suite", None):
         return _tune_suite(args)
     if args.study is not None:
@@ -147,19 +153,59 @@ def _print_winner(study) -> None:
     _print_best(study, as_json=False)
 
 
-def cmd_best(args: argparse.Namespace) -> int:
-    from ..study import load_flashtune_study, open_storage
+def _suite_storage(args: argparse.Namespace):
+    """(suite or None, storage URL): ``--suite``'s storage unless ``--storage`` names another."""
+    from ..study import load_suite, suite_storage
 
-    study = load_flashtune_study(open_storage(args.storage, create=False), args.study, args.storage)
-    return _print_best(study, as_json=args.json)
+    suite = load_suite(args.suite) if args.suite else None
+    return suite, suite_storage(suite, args.storage)
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from ..study import load_flashtune_study, mask_url, open_storage, select_studies
+
+    if not args.study and not args.suite:
+        raise UsageError("say which study: --study NAME, or --suite FILE for every study of a suite")
+    suite, url = _suite_storage(args)
+    storage = open_storage(url, create=False)
+    if args.study:
+        return _print_best(load_flashtune_study(storage, args.study, url, suite_path=args.suite), as_json=args.json)
+    names = select_studies(storage, suite=suite)
+    if not names:
+        raise UsageError(
+            f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}; "
+            f"`flashtune tune --suite {printable(args.suite, 200)}` makes them"
+        )
+    studies = [load_flashtune_study(storage, name, url, suite_path=args.suite) for name in names]
+    if args.json:
+        from ..study import choose
+
+        print(json.dumps([choose(s).to_dict() for s in studies], indent=2, allow_nan=False))
+        return 0
+    for study in studies:
+        _print_best(study, as_json=False)
+    return 0
 
 
 def cmd_studies(args: argparse.Namespace) -> int:
-    from ..study import describe, mask_url, open_storage
+    from ..study import describe, describe_problem, mask_url, open_storage, suite_studies
 
-    rows = describe(open_storage(args.storage, create=False))
+    suite, url = _suite_storage(args)
+    storage = open_storage(url, create=False)
+    rows = describe(storage)
+    untuned = []
+    if suite is not None:
+        entries = suite_studies(storage, suite)
+        names = {name for e in entries for name in e.studies}
+        rows = [r for r in rows if r.name in names]
+        untuned = [describe_problem(e.problem) for e in entries if not e.studies]
     if not rows:
-        raise UsageError(f"no flashtune studies in {mask_url(args.storage)}; `flashtune tune` creates one")
+        if suite is not None:
+            raise UsageError(
+                f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}; "
+                f"`flashtune tune --suite {printable(args.suite, 200)}` makes them"
+            )
+        raise UsageError(f"no flashtune studies in {mask_url(url)}; `flashtune tune` creates one")
     print(f"{'study':<64} {'trials':>6} {'ok':>4} {'best TFLOPS':>11} {'retimed':>8}  gpu")
     for r in rows:
         best = f"{r.best_tflops:.1f}" if r.best_tflops is not None else "-"
@@ -167,6 +213,8 @@ def cmd_studies(args: argparse.Namespace) -> int:
         print(
             f"{printable(r.name, None):<64} {r.trials:>6} {r.complete:>4} {best:>11} {won:>8}  {printable(r.gpu, 80)}"
         )
+    for problem in untuned:
+        print(f"(no study yet) {problem}")
     return 0
 
 
@@ -185,29 +233,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import optuna
-
     from ..run import format_table, load_oracle, replay, summarize
     from ..study import open_storage
 
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     if args.seeds < 1 or args.budget < 1 or args.window < 1 or args.jobs < 1:
         raise UsageError("--seeds, --budget, --window and --jobs must be at least 1")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    oracle = load_oracle(open_storage(args.storage, create=False), args.study, args.space)
-    done = [0]
-    total = len(samplers) * args.seeds
+    oracle = load_oracle(open_storage(args.storage, create=False), args.study, args.space, storage_url=args.storage)
+    with Progress(len(samplers) * args.seeds, desc="replay", unit="run") as shown:
 
-    def progress(run) -> None:
-        done[0] += 1
-        if sys.stderr.isatty():
-            print(
-                f"\rreplayed {done[0]}/{total} runs", end="" if done[0] < total else "\n", file=sys.stderr, flush=True
-            )
+        def progress(run) -> None:
+            shown.update(1, f"last {run.sampler} seed {run.seed}")
+            log.debug("replayed %s seed %s", run.sampler, run.seed)
 
-    runs = replay(
-        oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs, progress=progress
-    )
+        runs = replay(
+            oracle, samplers, range(args.seeds), args.budget, window=args.window, jobs=args.jobs, progress=progress
+        )
     rows = summarize(oracle, runs)
     if args.json:
         print(

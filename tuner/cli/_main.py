@@ -58,11 +58,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
+    from ..progress import configure_logging
     from ..study import error_reason
 
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command
+    configure_logging(args.verbose - args.quiet)
     try:
         with _use_kernels(getattr(args, "kernels", None)):
             rc = args.func(args)

@@ -115,6 +115,11 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_suite_lookup(p: argparse.ArgumentParser, what: str) -> None:
+    """``--suite FILE`` on a command that reads studies: the suite's storage and its studies."""
+    p.add_argument("--suite", help=what)
+
+
 def _add_run_options(p: argparse.ArgumentParser, *, top_k: int = 5) -> None:
     p.add_argument("--gpus", default="0", help="CUDA devices: 0, 0,1,3 or all; one measuring process each (default 0)")
     p.add_argument(
@@ -169,7 +174,35 @@ def _add_tune(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampler and input seed")
     _add_run_options(p)
     p.add_argument("--suite", help="tune every problem of a suite file (studies/*.toml) instead; reruns resume")
+    _add_model(p)
     p.set_defaults(func=cmd_tune)
+
+
+def _seqlens(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected lengths such as 1024,4096, not {printable(text, 60)!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive lengths such as 1024,4096, not {printable(text, 60)!r}")
+    return values
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """``tune --model config.json``: a Hugging Face model's attention shapes, tuned as a suite."""
+    g = p.add_argument_group("a model's shapes")
+    g.add_argument(
+        "--model",
+        metavar="CONFIG_JSON",
+        help="tune the attention of the model this Hugging Face config.json describes (heads, KV heads, head "
+        "dim, dtype; --dtype and --causal override it) at --seqlens and --batch, as a suite",
+    )
+    g.add_argument("--seqlens", type=_seqlens, help="with --model: sequence lengths, e.g. 1024,4096 (default --seqlen)")
+    g.add_argument(
+        "--model-suite",
+        metavar="TOML",
+        help="with --model: the suite file to write (default <model>-attention.toml here); rerunning resumes it",
+    )
 
 
 def _add_worker(sub) -> None:
@@ -186,8 +219,9 @@ def _add_worker(sub) -> None:
 
 def _add_best(sub) -> None:
     """The options of ``flashtune best``."""
-    p = sub.add_parser("best", help="print the best config of a study")
-    p.add_argument("--study", required=True, type=_study_name, help="the study")
+    p = sub.add_parser("best", help="print the best config of a study (or of every study of a suite)")
+    p.add_argument("--study", type=_study_name, help="the study (with --suite: one of the suite's)")
+    _add_suite_lookup(p, "every study of this suite file, in its storage (unless --storage is given)")
     _add_storage(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (JSON, no NaN or infinity)")
     p.set_defaults(func=cmd_best)
@@ -195,7 +229,8 @@ def _add_best(sub) -> None:
 
 def _add_studies(sub) -> None:
     """The options of ``flashtune studies``."""
-    p = sub.add_parser("studies", help="list the studies in a storage with their best TFLOPS")
+    p = sub.add_parser("studies", help="list the studies in a storage (or of a suite) with their best TFLOPS")
+    _add_suite_lookup(p, "only the studies of this suite file, in its storage (unless --storage is given)")
     _add_storage(p)
     p.set_defaults(func=cmd_studies)
 
@@ -332,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_report(sub)
     _add_kernels(sub)
+    for command in sub.choices.values():
+        _add_verbosity(command)
     return parser
 
 
@@ -348,3 +385,13 @@ def _add_kernels(sub) -> None:
                 help="a kernel directory of your own (space files <family>.toml and their sources), searched "
                 "for families before the package; repeatable; also $FLASHTUNE_KERNELS (a path list)",
             )
+
+
+def _add_verbosity(p: argparse.ArgumentParser) -> None:
+    """``-v``/``-q`` (each may repeat) on every subcommand: see :func:`tuner.progress.configure_logging`."""
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="say more: -v each trial and run, -vv Optuna's log too"
+    )
+    p.add_argument(
+        "-q", "--quiet", action="count", default=0, help="say less: -q no progress or information, -qq errors only"
+    )

@@ -22,6 +22,7 @@ from ..devices import DeviceLimits
 from ..errors import UsageError
 from ..outcome import Status
 from ..problem import Problem, ProblemError
+from ..progress import Progress
 from ..space import Config, Space, load_space
 from ._nvcc import compile_outcome
 from ._ptxas import Resources
@@ -195,7 +196,11 @@ def _compile(
 ) -> None:
     """Compile ``chosen`` with nvcc and ptxas in ``jobs`` processes, a row in ``report`` for each as it ends."""
     space = report.space
-    with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(chosen))), mp_context=mp.get_context("spawn")) as pool:
+    workers = max(1, min(jobs, len(chosen)))
+    with (
+        cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool,
+        Progress(len(chosen), desc="check", unit="compile", show=out is not None) as shown,
+    ):
         futures = {pool.submit(compile_outcome, str(space.path), c, problem, device): c for c in chosen}
         for i, future in enumerate(cf.as_completed(futures), 1):
             config = futures[future]
@@ -209,7 +214,8 @@ def _compile(
             )
             report.rows.append(row)
             if out:
-                print(f"[{i}/{len(chosen)}] {_line(row)}", file=out, flush=True)
+                shown.write(f"[{i}/{len(chosen)}] {_line(row)}", out)
+                shown.update(1, f"{len(report.compile_errors)} compile errors")
 
 
 def _line(row: CheckRow) -> str:

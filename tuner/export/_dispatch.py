@@ -377,6 +377,7 @@ def collect_dispatch(
     from ..study import (
         StudyError,
         choose,
+        listing_hint,
         load_flashtune_study,
         load_suite,
         mask_url,
@@ -395,7 +396,7 @@ def collect_dispatch(
         if suite:
             what = f"suite {suite_path}" + (f" and {what}" if pattern else "")
         raise DispatchError(
-            f"no flashtune study in {mask_url(storage_url)} matches {what}; `flashtune studies` lists them"
+            f"no flashtune study in {mask_url(storage_url)} matches {what}; " + listing_hint(storage_url, suite_path)
         )
     not_covered = []
     if suite is not None:
@@ -408,7 +409,7 @@ def collect_dispatch(
     chosen, left_out = [], []
     for name in names:  # a study still running or made for other knobs is left out, not fatal
         try:
-            chosen.append(choose(load_flashtune_study(storage, name, storage_url)))
+            chosen.append(choose(load_flashtune_study(storage, name, storage_url, suite_path=suite_path)))
         except StudyError as e:
             left_out.append(f"{name} left out: {e}")
             print(f"flashtune export: warning: study {printable(name, 120)} left out: {e}", file=log or sys.stderr)

@@ -54,7 +54,7 @@ def build_report(
     suite = load_suite(suite_path) if suite_path else None
     url = suite_storage(suite, storage_url)
     storage = open_storage(url, create=False)
-    studies = [load_flashtune_study(storage, study, url)] if study else []
+    studies = [load_flashtune_study(storage, study, url, suite_path=suite_path)] if study else []
     for s in studies:
         if not s.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             raise ReportError(
@@ -64,7 +64,9 @@ def build_report(
     entries: list[tuple[Problem, list[optuna.Study]]] = []
     if suite is not None:
         for entry in suite_studies(storage, suite):
-            entries.append((entry.problem, [load_flashtune_study(storage, n, url) for n in entry.studies]))
+            entries.append(
+                (entry.problem, [load_flashtune_study(storage, n, url, suite_path=suite_path) for n in entry.studies])
+            )
         if not studies and not any(ss for _, ss in entries):
             raise ReportError(
                 f"no study of suite {printable(suite.name, 80)} in {mask_url(url)}: nothing to report; "

@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any
 
 import optuna
+from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from .. import study as st
@@ -47,7 +48,8 @@ from ..devices import DeviceLimits
 from ..gpu import MeasureJob, MeasureResult, MeasureSettings, measure_job_for
 from ..outcome import Outcome, Status
 from ..problem import Problem
-from ..search import Search, distributions
+from ..progress import log
+from ..search import Search
 from ..space import Config, Space, config_key
 from ..study import (
     HEARTBEAT_INTERVAL_S,
@@ -296,7 +298,7 @@ class TuneLoop:
         ]
         self.window = settings.window(len(self.lanes))
         self.search = search
-        self.dists = distributions(space)
+        self.dists = st.knob_distributions(space, study.user_attrs)  # as this study stores them
         self.summary = TuneSummary()
         self.stats = RunStats(
             started=datetime.now().isoformat(timespec="seconds"),
@@ -606,6 +608,13 @@ class TuneLoop:
             self.summary.failed += 1
         self.state.record(frozen, self.search)
         self.state.seen[key] = frozen
+        log.debug(
+            "trial %d: %s%s  %s",
+            item.trial.number,
+            frozen.user_attrs.get(st.STATUS, frozen.state.name.lower()),
+            f" {frozen.value:.1f} TFLOPS" if frozen.value is not None else "",
+            key,
+        )
         duplicates = self.held.duplicates.pop(key, [])
         self.storer.submit(functools.partial(self._store, item.trial, item.config, outcome, duplicates, frozen))
         self._report("trial")
@@ -765,7 +774,12 @@ def _unseen_feasible(
 
 def _draw(trial: Trial, dists: dict[str, Any]) -> dict[str, Any]:
     """Read back (suggest) every knob of an enqueued trial; repeating it is harmless."""
-    return {name: trial.suggest_categorical(name, dist.choices) for name, dist in dists.items()}
+    return {
+        name: trial.suggest_int(name, dist.low, dist.high, step=dist.step)
+        if isinstance(dist, IntDistribution)
+        else trial.suggest_categorical(name, dist.choices)
+        for name, dist in dists.items()
+    }
 
 
 def _measured(result: MeasureResult, attrs: dict[str, Any]) -> Outcome[MeasureResult]:

@@ -95,12 +95,20 @@ class Oracle:
         return MeasureResult(status=Status.OK, tflops=tflops, latency_ms=self.problem.flops / (tflops * 1e9), reps=1)
 
 
-def load_oracle(storage: optuna.storages.BaseStorage, study_name: str, space_path: str | Path | None = None) -> Oracle:
-    """The stored study as an oracle; ``space_path`` when its family's space file is not in search_spaces/."""
+def load_oracle(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    space_path: str | Path | None = None,
+    *,
+    storage_url: str | None = None,
+) -> Oracle:
+    """The stored study as an oracle; ``space_path`` when its family's space file is not in search_spaces/;
+    ``storage_url``: where ``storage`` is, for the hint when the study is not there."""
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise ReplayError(f"no study named {study_name!r} in that storage (`flashtune studies` lists them)") from None
+        where = f"in {st.mask_url(storage_url)}" if storage_url else "in that storage"
+        raise ReplayError(f"no study named {study_name!r} {where}; {st.listing_hint(storage_url)}") from None
     attrs = study.user_attrs
     if not isinstance(attrs.get(st.MADE_BY), dict):
         raise ReplayError(f"study {study_name!r} was not made by flashtune")

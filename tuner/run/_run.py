@@ -235,7 +235,7 @@ def join_study(
     except KeyError:
         raise UsageError(
             f"no study named {printable(study_name, 200)!r} in {mask_url(storage_url)}; create it with "
-            "`flashtune tune` first (`flashtune studies` lists what is there)"
+            f"`flashtune tune` first ({st.listing_hint(storage_url)})"
         ) from None
     meta = st.StudyMeta.read(study)
     base = settings or TuneSettings()

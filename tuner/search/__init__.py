@@ -1,4 +1,4 @@
-"""Search strategies by name, and the distributions of a space's knobs in the stored study.
+"""Search strategies by name, and the distributions an Optuna sampler searches a space's knobs over.
 
 ``--sampler NAME`` picks a :class:`Search` from :data:`SEARCHES`, the one registry of search names:
 ``pattern`` (the default, :data:`DEFAULT_SEARCH`) climbs from the family default through ever wider
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
-from optuna.distributions import CategoricalDistribution
 
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
@@ -36,7 +35,6 @@ __all__ = [
     "SearchFactory",
     "SearchStats",
     "check_search",
-    "distributions",
     "make_sampler",
     "make_search",
     "nearest_feasible",
@@ -50,12 +48,6 @@ DEFAULT_SEARCH = "pattern"
 
 class SamplerError(FlashtuneError, ValueError):
     """Unknown search name, or one whose dependencies are missing or whose space is too large for it."""
-
-
-def distributions(space: Space) -> dict[str, CategoricalDistribution]:
-    """The stored study's distribution of each knob: its values, as categories (what a trial records;
-    how a strategy searches them is its own business)."""
-    return {k.name: CategoricalDistribution(list(k.values)) for k in space.knobs}
 
 
 def _runs_anywhere(space: Space) -> None:

@@ -534,6 +534,40 @@ def torch_attention(
     return o, (lse if want_lse else None)
 
 
+def torch_sdpa_launch(torch, q, k, v, causal: bool, scale, family, config, tuned, device: int, on_new_plan=None):
+    """:func:`tuner.sdpa`'s kernel path: ``[B, H, N, D]`` tensors that :func:`tuner.serve._sdpa.kernel_refusal`
+    passed (one CUDA device, fp16/bf16, shapes that pair up, addressable strides, no grad), launched as
+    the ``[B, N, H, D]`` views they are (batch, row and head strides swapped, no view made), into an O
+    allocated ``[B, H, N, D]``-shaped over ``[B, N, H, D]`` memory. The cached path does no more than
+    this: the plan key, one allocation, the launch (the checks were the caller's)."""
+    key = (_family_key(family), _config_key(config, tuned), "bhnd", device, q.dtype, q.shape, k.shape, v.shape, causal)
+    plan = _cache.plans.get(key)
+    if not _is_current(plan, key[0]):
+        if on_new_plan is not None:
+            on_new_plan()
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        dtypes = (_torch_dtype(torch, q),) * 3
+        plan = _build_plan(key, qt, kt, vt, dtypes, causal, device, lambda: _torch_capturing(torch))
+    sq, sk, sv = q.stride(), k.stride(), v.stride()
+    b, h, n, d = q.shape
+    o = q.new_empty_strided((b, h, n, d), (n * h * d, d, h * d, 1))
+    lse = plan.scratch_lse.get("torch")
+    if lse is None:
+        lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
+        if not _torch_capturing(torch):  # an allocation made inside a capture is the graph's
+            plan.scratch_lse["torch"] = lse
+    plan.launch(
+        _torch_stream(torch, device),
+        (q.data_ptr(), sq[0], sq[2], sq[1]),
+        (k.data_ptr(), sk[0], sk[2], sk[1]),
+        (v.data_ptr(), sv[0], sv[2], sv[1]),
+        (o.data_ptr(), *plan.o_strides),
+        lse.data_ptr(),
+        plan.default_scale if scale is None else float(scale),
+    )
+    return o
+
+
 # -- CuPy arrays --------------------------------------------------------------------------------------
 def _cupy_dtype(cupy, x) -> str:
     if x.dtype == cupy.float16:

@@ -38,6 +38,8 @@ from typing import Any
 
 from ..problem import Problem
 from ..space import AUTO_FAMILY, SpaceError, load_space, rank_families
+from ._api import attention, register_torch_op
+from ._attention import torch_sdpa_launch
 
 __all__ = [
     "FALLBACK_REASONS",
@@ -74,6 +76,7 @@ class SdpaFallbackWarning(UserWarning):
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
 _torch_sdpa: Any = None  # PyTorch's own SDPA, saved before any patch
+_marked = False  # the host lookups are marked for torch.compile (_mark_host_lookups)
 _arch: dict[int, int] = {}  # CUDA device index -> compute capability x10
 _head_dims: dict[tuple, bool] = {}  # (family, arch, head_dim, dtype) -> some family runs it
 
@@ -108,20 +111,26 @@ def _torch():
     torch = sys.modules["torch"]
     if _torch_sdpa is None:  # the builtin F.scaled_dot_product_attention is, whoever patched F since
         _torch_sdpa = torch._C._nn.scaled_dot_product_attention
+    if not _marked and not torch.compiler.is_compiling():
+        _mark_host_lookups(torch)
     return torch
 
 
 def _cuda_device(q, k, v) -> int:
-    """The CUDA device index of q, k and v, -1 unless all three are on that one CUDA device."""
-    if not (q.is_cuda and k.is_cuda and v.is_cuda) or not q.device == k.device == v.device:
+    """The CUDA device index of q, k and v, -1 unless all three are on that one CUDA device (device indices
+    compared as integers: no torch.device object is made)."""
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
         return -1
-    return q.get_device()
+    index = q.get_device()
+    return index if k.get_device() == index and v.get_device() == index else -1
 
 
-def _device_arch(torch, index: int) -> int:
+def _device_arch(index: int) -> int:
+    """The compute capability x10 of CUDA device ``index`` (asked once; plain arguments: a torch.compile
+    constant, see :func:`_mark_host_lookups`)."""
     arch = _arch.get(index)
     if arch is None:
-        major, minor = torch.cuda.get_device_capability(index)
+        major, minor = sys.modules["torch"].cuda.get_device_capability(index)
         arch = _arch[index] = major * 10 + minor
     return arch
 
@@ -138,6 +147,16 @@ def _family_runs(family: Any, arch: int, head_dim: int, dtype: str) -> bool:
             return True  # an unknown family: let the kernel path raise its one-line error
         found = _head_dims[key] = bool(rank_families(arch, probe, spaces))
     return found
+
+
+def _mark_host_lookups(torch) -> None:
+    """The lookups of space files and of the driver give constants while torch.compile traces a call: it
+    calls them instead of tracing into them (file reads would break the graph). Done eagerly, before any
+    tracing: when this module is imported after PyTorch, else at the first eager call."""
+    global _marked
+    for lookup in (_family_runs, _device_arch):
+        torch.compiler.assume_constant_result(lookup)
+    _marked = True
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
@@ -158,8 +177,11 @@ def _addressable(x, tracing: bool) -> bool:
     return tracing or x.data_ptr() % 16 == 0
 
 
-def kernel_refusal(torch, q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, family) -> str | None:
-    """Why the kernels cannot run this SDPA call (a key of :data:`FALLBACK_REASONS`), or None."""
+def kernel_refusal(
+    torch, q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, family, tracing: bool | None = None
+) -> str | None:
+    """Why the kernels cannot run this SDPA call (a key of :data:`FALLBACK_REASONS`), or None. ``tracing``:
+    whether torch.compile is tracing the call (None: asked here)."""
     if attn_mask is not None:
         return "attn_mask"
     if dropout_p:
@@ -190,9 +212,10 @@ def kernel_refusal(torch, q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, 
         return "head_dim"
     if is_causal and n != nk:
         return "causal_alignment"
-    if not _family_runs(family, _device_arch(torch, device), d, dtype):
+    if not _family_runs(family, _device_arch(device), d, dtype):
         return "head_dim"
-    tracing = torch.compiler.is_compiling()  # no addresses while tracing: the operator copies a misaligned one
+    if tracing is None:  # no addresses while tracing: the operator copies a misaligned one
+        tracing = torch.compiler.is_compiling()
     if not (_addressable(q, tracing) and _addressable(k, tracing) and _addressable(v, tracing)):
         return "layout"
     return None
@@ -225,7 +248,13 @@ def sdpa(
         >>> o = tuner.sdpa(q, k, v, is_causal=True)  # [2, 8, 1024, 128], no copy of q, k or v
     """
     torch = _torch()
-    reason = kernel_refusal(torch, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, family)
+    tracing = torch.compiler.is_compiling()
+    reason = kernel_refusal(torch, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, family, tracing)
+    if reason is None and not tracing:  # eager: straight to the launch, the checks above are all it needs
+        return torch_sdpa_launch(
+            torch, query, key, value, bool(is_causal), scale, family, config, tuned,
+            _cuda_device(query, key, value), register_torch_op,
+        )  # fmt: skip
     if reason is not None:
         count_fallback(reason, torch)
         return _torch_sdpa(
@@ -238,8 +267,6 @@ def sdpa(
             scale=scale,
             enable_gqa=enable_gqa,
         )
-    from ._api import attention
-
     o = attention(
         query.transpose(1, 2),
         key.transpose(1, 2),
@@ -288,3 +315,7 @@ def sdpa_patched(*, family: str = AUTO_FAMILY, config: Any = "auto", tuned: Any 
             _active = tuple(entry for entry in _active if entry[0] is not token)
             if not _active and functional.scaled_dot_product_attention is _patched:
                 functional.scaled_dot_product_attention = _torch_sdpa
+
+
+if "torch" in sys.modules:  # PyTorch is loaded already: ready for torch.compile before any call
+    _mark_host_lookups(sys.modules["torch"])

@@ -10,7 +10,9 @@
 - Trials: the tuning loop creates and finishes trials in one short transaction each
   (:func:`create_running_trial`, :func:`finish`); :class:`Heartbeat` beats for the trials a process
   holds, and :func:`recover_stale` fails those whose process died and enqueues their configs again.
-- Suites: :func:`load_suite` reads a TOML file naming the problems of one family to tune.
+- Suites: :func:`load_suite` reads a TOML file naming the problems of one family to tune;
+  :func:`model_shapes` reads a Hugging Face model's ``config.json`` into its attention problems, which
+  :func:`model_suite_text` writes as a suite (``flashtune tune --model``).
 
 Optuna's private storage names are used in one module only (``_optuna_storage``); other code reaches
 a study's storage and a trial's id through :func:`study_storage` and :func:`trial_id_of`.
@@ -25,6 +27,7 @@ from ._attributes import (
     GPU,
     IS_DEFAULT,
     KERNEL,
+    KNOB_ENCODING,
     MADE_BY,
     MEASUREMENT,
     OWNER,
@@ -42,6 +45,7 @@ from ._attributes import (
     WINNER,
 )
 from ._heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat, owner_alive, recover_stale, requeue_stale, this_process
+from ._knobs import knob_distribution, knob_distributions
 from ._meta import (
     ChosenConfig,
     NotFlashtuneError,
@@ -55,6 +59,7 @@ from ._meta import (
     default_trial,
     describe,
     is_evaluated,
+    listing_hint,
     load_flashtune_study,
     open_study,
     space_digest,
@@ -62,6 +67,7 @@ from ._meta import (
     winner,
     winner_verdict,
 )
+from ._model import ModelError, ModelShapes, model_shapes, model_suite_text
 from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
 from ._secrets import mask_url, redact
@@ -93,6 +99,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "IS_DEFAULT",
     "KERNEL",
+    "KNOB_ENCODING",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",
@@ -112,6 +119,8 @@ __all__ = [
     "ChosenConfig",
     "FlashtuneStorage",
     "Heartbeat",
+    "ModelError",
+    "ModelShapes",
     "NotFlashtuneError",
     "StaleSpaceError",
     "StorageError",
@@ -138,9 +147,14 @@ __all__ = [
     "finished",
     "is_evaluated",
     "is_finished",
+    "knob_distribution",
+    "knob_distributions",
+    "listing_hint",
     "load_flashtune_study",
     "load_suite",
     "mask_url",
+    "model_shapes",
+    "model_suite_text",
     "open_storage",
     "open_study",
     "owner_alive",

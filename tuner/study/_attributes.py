@@ -10,6 +10,8 @@ Study user attributes, set once at creation (``MADE_BY`` last, so a study that h
     ``SPACE_DIGEST``  hash of the space file's knob declarations
     ``KERNEL``        {"origin", "source_digest"}: where the family came from ("package" or its kernel
                       directory) and the hash of its sources (``Space.source_digest``)
+    ``KNOB_ENCODING`` how the knobs are stored (``"steps"``: ordered knobs as integers; absent in
+                      older studies, whose knobs are all categorical: :mod:`tuner.study._knobs`)
     ``MADE_BY``       {"version", "schema"} of the tuner that created the study
 and later:
     ``RUN``           how the study is tuned (sampler, seed, trial target)
@@ -36,6 +38,7 @@ __all__ = [
     "GPU",
     "IS_DEFAULT",
     "KERNEL",
+    "KNOB_ENCODING",
     "MADE_BY",
     "MEASUREMENT",
     "OWNER",
@@ -60,6 +63,7 @@ PROBLEM = "problem"
 GPU = "gpu"
 SPACE_DIGEST = "space_digest"
 KERNEL = "kernel"
+KNOB_ENCODING = "knob_encoding"
 RUN = "run"
 WINNER = "winner"
 #: study: the studies whose winners were enqueued (once); trial: the study its config came from

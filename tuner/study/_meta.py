@@ -12,7 +12,9 @@ import hashlib
 import json
 import math
 import re
+import shlex
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ from ._attributes import (
     GPU,
     IS_DEFAULT,
     KERNEL,
+    KNOB_ENCODING,
     MADE_BY,
     MEASUREMENT,
     PROBLEM,
@@ -41,9 +44,11 @@ from ._attributes import (
     STATUS,
     WINNER,
 )
+from ._knobs import STEPS
 from ._secrets import mask_url
 
 __all__ = [
+    "METRIC_NAME",
     "SCHEMA_VERSION",
     "ChosenConfig",
     "NotFlashtuneError",
@@ -58,6 +63,7 @@ __all__ = [
     "describe",
     "finished_by_config",
     "is_evaluated",
+    "listing_hint",
     "load_flashtune_study",
     "open_study",
     "space_digest",
@@ -67,6 +73,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: the objective's name in Optuna's tools (``study.set_metric_names``): every trial's value is its TFLOPS
+METRIC_NAME = "TFLOPS"
 
 _FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # how long a racing tuner waits for the creator to finish writing a new study's attributes: while it has some
@@ -312,7 +320,7 @@ def _stored_meta(storage: optuna.storages.BaseStorage, name: str, study_id: int)
         try:
             return StudyMeta.from_attrs(name, attrs)
         except NotFlashtuneError:
-            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST, KERNEL}
+            partial = bool(attrs) and set(attrs) <= {FAMILY, PROBLEM, GPU, SPACE_DIGEST, KERNEL, KNOB_ENCODING}
             patience = _META_WAIT_S if partial else _EMPTY_WAIT_S if not attrs else 0.0
             if time.monotonic() - start > patience or any(
                 t.state.is_finished() for t in storage.get_all_trials(study_id, deepcopy=False)
@@ -349,12 +357,22 @@ def open_study(
             study.set_user_attr(GPU, gpu)
             study.set_user_attr(SPACE_DIGEST, space_digest(space))
             study.set_user_attr(KERNEL, kernel_attrs(space))
+            _name_for_optuna_tools(study)
             study.enqueue_trial(space.defaults(problem.head_dim, _arch(gpu)), user_attrs={IS_DEFAULT: True})
             study.set_user_attr(MADE_BY, {"version": __version__, "schema": SCHEMA_VERSION})  # last: complete
             return study
         _stored_meta(storage, name, study_id).check_resumable(space, problem, gpu)
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     raise StudyError(f"study {printable(name, 120)!r} was created and deleted repeatedly while opening it; rerun")
+
+
+def _name_for_optuna_tools(study: optuna.Study) -> None:
+    """What Optuna's tools read from a new study: the objective's name ("TFLOPS", not "Objective 0") and
+    the knob encoding under which ordered knobs are stored as integers (:mod:`tuner.study._knobs`)."""
+    with warnings.catch_warnings():  # set_metric_names is marked experimental: no warning for the user
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([METRIC_NAME])
+    study.set_user_attr(KNOB_ENCODING, STEPS)
 
 
 def study_problem(study: optuna.Study) -> Problem:
@@ -475,13 +493,25 @@ class ChosenConfig:
         }
 
 
-def load_flashtune_study(storage: optuna.storages.BaseStorage, name: str, storage_url: str) -> optuna.Study:
-    """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's."""
+def listing_hint(storage_url: str | None, suite_path: str | None = None) -> str:
+    """The command that lists the studies of this storage (or of this suite): the hint of every "no such
+    study" message, with the ``--suite`` or ``--storage`` it needs (the password masked)."""
+    if suite_path:
+        return f"`flashtune studies --suite {shlex.quote(str(suite_path))}` lists them"
+    return f"`flashtune studies --storage {shlex.quote(mask_url(storage_url or ''))}` lists them"
+
+
+def load_flashtune_study(
+    storage: optuna.storages.BaseStorage, name: str, storage_url: str, *, suite_path: str | None = None
+) -> optuna.Study:
+    """Load study ``name``; a clear :class:`StudyError` when there is none or it is not flashtune's
+    (``suite_path``: the suite whose storage it is, for the hint)."""
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise StudyError(
-            f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; `flashtune studies` lists them"
+            f"no study named {printable(name, 120)!r} in {mask_url(storage_url)}; "
+            + listing_hint(storage_url, suite_path)
         ) from None
     StudyMeta.read(study)
     return study
