@@ -1,6 +1,6 @@
 """The tuning loop's own throughput, without a GPU: does one loop keep two GPUs' worth of compiles busy?
 
-    python -m tests.bench_loop [--compile-s 0.6] [--measure-s 0.02] [--workers 15]
+    python -m tests.run.bench_loop [--compile-s 0.6] [--measure-s 0.02] [--workers 15] [--sampler pattern]
 
 Runs the real loop (search, storage on a SQLite file, compile pool, GPU lanes) over the 620 configs of
 the stored H200 sweep (tests/data/), with compiles that sleep ``--compile-s`` in the compile processes
@@ -21,7 +21,7 @@ import optuna
 
 import tuner.study as st
 from tuner.gpu import MeasureSettings
-from tuner.run import TuneSettings, compile_pool, load_oracle, tune
+from tuner.run import MeasureFunction, TuneSettings, compile_pool, load_oracle, tune
 from tuner.run._replay import _stand_in_compile
 from tuner.search import make_search
 from tuner.study import open_storage, requeue_stale
@@ -34,7 +34,7 @@ def sleeping_compile(space_path, config, problem, device):
     return _stand_in_compile(space_path, config, problem, device)
 
 
-def run(lanes: int, workers: int, measure_s: float, directory: str) -> float:
+def run(lanes: int, workers: int, measure_s: float, directory: str, sampler: str = "grid") -> float:
     """Configs per second of one sweep."""
     oracle = load_oracle(
         optuna.storages.RDBStorage(f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}"),
@@ -63,9 +63,9 @@ def run(lanes: int, workers: int, measure_s: float, directory: str) -> float:
             oracle.space,
             oracle.problem,
             oracle.device,
-            [measure] * lanes,
+            [MeasureFunction(measure) for _ in range(lanes)],
             TuneSettings(n_trials=None, compile_workers=workers, measure=MeasureSettings(seed=1)),
-            search=make_search("grid", oracle.space, oracle.problem, oracle.device, 1),
+            search=make_search(sampler, oracle.space, oracle.problem, oracle.device, 1),
             compiler=sleeping_compile,
             pool=pool,
         )
@@ -80,12 +80,13 @@ def main() -> int:
     parser.add_argument("--compile-s", type=float, default=0.6)
     parser.add_argument("--measure-s", type=float, default=0.02)
     parser.add_argument("--workers", type=int, default=15)
+    parser.add_argument("--sampler", default="grid", help="the search that proposes (default grid: no model cost)")
     args = parser.parse_args()
     os.environ["FLASHTUNE_BENCH_COMPILE_S"] = str(args.compile_s)  # the compile processes read it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as directory:
-        one = run(1, args.workers, args.measure_s, directory)
-        two = run(2, 2 * args.workers + 1, args.measure_s, directory)
+        one = run(1, args.workers, args.measure_s, directory, args.sampler)
+        two = run(2, 2 * args.workers + 1, args.measure_s, directory, args.sampler)
     ideal = args.workers / args.compile_s
     print(
         f"one lane {one:.1f} configs/s (compiles allow {ideal:.1f}), two lanes {two:.1f} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +13,11 @@ from tuner.devices import limits_for_arch
 from tuner.problem import Problem
 from tuner.search import PatternSearch, make_search
 from tuner.search._model import TREND, AdditiveModel
-from tuner.search._pattern import LEVELS, constraint_knobs, ring
+from tuner.search._pattern import LEVELS, REPAIRS_KEPT, constraint_knobs, ring
 from tuner.space import config_key, load_space
 
 SM80 = limits_for_arch(80)
+DATA = Path(__file__).resolve().parents[1] / "data"
 H200 = limits_for_arch(90)
 
 
@@ -202,6 +204,37 @@ def test_a_move_the_constraints_couple_is_proposed_repaired():
     assert all(_changed(c, start) <= {"producer_regs", "consumer_regs", "consumer_wgs"} for c in repaired)
     steps = search.neighbourhood(key, 1)
     assert all(space.check(c, problem, H200) is None and len(_changed(c, start)) == 1 for _, c in steps)
+
+
+def _kept_repairs(space, problem) -> int:
+    """Checks one start's coupled-step level; returns how many refused moves it keeps with several partners."""
+    search = PatternSearch(space, problem, H200, seed=0)
+    start = space.defaults(problem.head_dim)
+    search.observe(start, 400.0)
+    coupled = search.neighbourhood(config_key(start), LEVELS.index("coupled step") + 1)
+    several = 0
+    for knob in space.knobs:
+        here = knob.values.index(start[knob.name])
+        for i, value in enumerate(knob.values):
+            move = {**start, knob.name: value}
+            if not 0 < abs(i - here) <= max(1, (len(knob.values) - 1) // 4) or search.feasible(move):
+                continue
+            repairs = {config_key(c) for c in search._repairs(move, {knob.name})}
+            kept = {k for k, c in coupled if c[knob.name] == value and k in repairs}
+            assert len(kept) == min(REPAIRS_KEPT, len(repairs)), (knob.name, value)
+            several += len(kept) > 1
+    return several
+
+
+def test_a_refused_move_is_kept_with_each_of_its_cheapest_partners():
+    """A single step the static check refuses enters the coupled-step level once per minimal repair (up to
+    REPAIRS_KEPT), not only with the partner the additive model likes: a tile size that pays only with
+    ping-pong must not be hidden behind the repair the model prefers."""
+    several = 0
+    for space in (load_space("sm90"), load_space(DATA / "sweep_spaces" / "sm90_sweep_d64.toml")):
+        for head_dim in space.family.head_dims:
+            several += _kept_repairs(space, Problem(batch=4, seqlen_q=2048, heads_q=16, head_dim=head_dim))
+    assert several > 0  # some refused move has more than one cheapest partner, and all of them are kept
 
 
 def test_failed_configs_are_never_centres(toy_space, problem):

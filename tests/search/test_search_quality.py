@@ -86,6 +86,61 @@ def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(store
     _check(replay(stored, [DEFAULT_SEARCH], SEEDS, 50, window=17), median=25, p90=35, within=50)
 
 
+#: the five sweeps of tests/data/README.md measured apart from the two above: (file, study, space file, held out);
+#: the held-out ones were scored once, after the search was designed on the others
+SWEEPS = {
+    "d64-fp16-causal-n4096": ("h200_sweep_d64_fp16_causal_n4096.db", "grid-d64-fp16-causal-n4096", "d64", False),
+    "d64-bf16-full-n2048": ("h200_sweep_d64_bf16_full_n2048.db", "grid-d64-bf16-full-n2048", "d64", False),
+    "d128-fp16-causal-b32-n512": (
+        "h200_sweep_d128_fp16_causal_b32_n512.db",
+        "grid-d128-fp16-causal-b32-n512",
+        "d128",
+        False,
+    ),
+    "d256-bf16-full-n2048": ("h200_sweep_d256_bf16_full_n2048.db", "grid-d256-bf16-full-n2048", "d256", True),
+    "d128-bf16-causal-gqa28x4-n16384": (
+        "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
+        "grid-d128-bf16-causal-gqa28x4-n16384",
+        "d128",
+        True,
+    ),
+}
+
+
+def _oracle(name: str):
+    if name in STORED:
+        file, study = STORED[name]
+        space = DATA / "sm90_small.toml"
+    else:
+        file, study, head, _ = SWEEPS[name]
+        space = DATA / "sweep_spaces" / f"sm90_sweep_{head}.toml"
+    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, space)
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_every_new_sweep_within_1_percent_in_a_median_of_20_and_p90_of_30_held_out_included(name):
+    """Window 1, 20 seeds: median <= 20, p90 <= 30, every seed within 50, best-so-far >= 0.99 of the best after
+    25 evaluations (median over seeds). Measured (tests/data/README.md): d64 causal 3.5/6, d64 bf16 14.5/23,
+    d128 N 512 5.5/8; held out, scored once: d256 1/1 (its default is within 1% of the best), GQA 6.5/7."""
+    oracle = _oracle(name)
+    runs = replay(oracle, [DEFAULT_SEARCH], SEEDS, 50)
+    _check(runs, median=20, p90=30, within=50)
+    assert statistics.median(run.best_after(25) / oracle.best for run in runs) >= 0.99
+
+
+@pytest.mark.parametrize("name", sorted(STORED) + sorted(SWEEPS))
+def test_every_sweep_with_17_in_flight_within_1_percent_in_a_median_of_30(name):
+    """Compile-ahead window 17, 20 seeds: median <= 30 on all seven sweeps. Measured: fp16 23, bf16 21, d64
+    causal 4, d64 bf16 11, d128 N 512 7; held out: d256 1, GQA 4."""
+    hits = _hits(replay(_oracle(name), [DEFAULT_SEARCH], SEEDS, 50, window=17))
+    assert statistics.median(hits) <= 30, sorted(hits)
+
+
+def test_the_stored_sweeps_best_so_far_after_25_evaluations_is_within_1_percent(stored):
+    runs = replay(stored, [DEFAULT_SEARCH], SEEDS, 25)
+    assert statistics.median(run.best_after(25) / stored.best for run in runs) >= 0.99
+
+
 def _problem(head_dim: int, seqlen: int, causal: bool, batch: int = 4) -> Problem:
     return Problem(batch=batch, seqlen_q=seqlen, heads_q=16, head_dim=head_dim, causal=causal)
 
@@ -137,7 +192,10 @@ def test_coupled_landscapes_over_the_d64_space_within_1_percent_in_a_median_of_2
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 17: not met yet (island: median 24; decoy: median 34.5, p90 42)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met yet, measured with 3 repairs kept per refused move: island median 24, p90 26 (1 of 10 never); decoy median 48.5, 3 of 10 never within 60",
+)
 @pytest.mark.parametrize("kind", ["island", "decoy"])
 def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
     """The best across a knob no single step changes (island), or past a local hill around the default

@@ -9,7 +9,8 @@ ping-pong). So the search walks the space from the default instead of sampling i
   value of an unordered one); (2) a one-step change
   that the static check refuses alone, repaired by the fewest further steps of other knobs (a move
   the constraints couple to another: a bigger producer register budget needs a smaller consumer
-  one); (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each.
+  one), once with each of its cheapest repairs (up to :data:`REPAIRS_KEPT`): which partner pays
+  is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong); (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each.
 - Proposals come from the (centre, level) of highest priority: the centre's log TFLOPS less
   :data:`LEVEL_PENALTY` per level beyond the first. A better result moves the search to its
   neighbourhood at once (first improvement); a neighbourhood is otherwise proposed to its end,
@@ -40,7 +41,7 @@ from ._base import Search
 from ._model import AdditiveModel
 from ._surrogate import InteractionGP, expected_improvement
 
-__all__ = ["BO_SHARE", "LEVELS", "LEVEL_PENALTY", "PatternSearch", "constraint_knobs", "ring"]
+__all__ = ["BO_SHARE", "LEVELS", "LEVEL_PENALTY", "REPAIRS_KEPT", "PatternSearch", "constraint_knobs", "ring"]
 
 #: the levels of a neighbourhood, nearest first (see the module docstring)
 LEVELS = ("step", "coupled step", "jump", "pair")
@@ -49,6 +50,9 @@ LEVELS = ("step", "coupled step", "jump", "pair")
 LEVEL_PENALTY = 0.005
 REPAIR_STEPS = 2  # further steps a repair may take
 REPAIR_CHECKS = 200  # static checks one repair may spend
+#: repairs of one refused move a neighbourhood keeps (the model's favourites): a move the constraints couple
+#: to another knob may pay with one partner and not another, and the model has not seen the pair yet
+REPAIRS_KEPT = 3
 #: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls); 0:
 #: only when the climb has nothing left (shares tried on the synthetic landscapes of tests/search/: see
 #: the class docstring)
@@ -217,18 +221,23 @@ class PatternSearch(Search):
                 feasible = self.feasible(other)
                 if (name == "coupled step" and feasible) or (name in ("step", "pair") and not feasible):
                     continue
-                if not feasible:
-                    other = self._repair(other, {n for n in other if other[n] != centre[n]})
-                    if other is None:
-                        continue
-                out.setdefault(config_key(other), other)
+                if feasible:
+                    out.setdefault(config_key(other), other)
+                    continue
+                for repaired in self._repairs(other, {n for n in other if other[n] != centre[n]})[:REPAIRS_KEPT]:
+                    out.setdefault(config_key(repaired), repaired)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
-        """The feasible config fewest steps away from ``config`` that changes only knobs (outside ``keep``)
-        read by the constraints ``config`` violates (the model's favourite among equals), or None within
-        :data:`REPAIR_STEPS` steps and :data:`REPAIR_CHECKS` checks."""
+        """The model's favourite of :meth:`_repairs`, or None when there is none."""
+        options = self._repairs(config, keep)
+        return options[0] if options else None
+
+    def _repairs(self, config: Config, keep: Set[str]) -> list[Config]:
+        """The feasible configs fewest steps away from ``config`` that change only knobs (outside ``keep``)
+        read by the constraints ``config`` violates, the model's favourite first; none within
+        :data:`REPAIR_STEPS` steps and :data:`REPAIR_CHECKS` checks: []."""
         env = self.space.environment(config, self.problem, self.device)
         involved = set().union(*(self._reads[c.name] for c in self.space.constraints if not c.expr(env)))
         fixed = {k.name for k in self.space.knobs} - (involved - set(keep))
@@ -242,10 +251,11 @@ class PatternSearch(Search):
                 if checks >= REPAIR_CHECKS:
                     break
             if options:
-                return max(options, key=lambda c: self.model.predict(c) + 1e-9 * self.rng.random())
+                scored = [(self.model.predict(c) + 1e-9 * self.rng.random(), i) for i, c in enumerate(options)]
+                return [options[i] for _, i in sorted(scored, reverse=True)]
             if checks >= REPAIR_CHECKS:
                 break
-        return None
+        return []
 
     # -- proposing -------------------------------------------------------------------------------------
     def propose(self, taken: Set[str]) -> Config | None:
