@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
+from ..files import FileContentError, read_limited, read_toml
 from ..paths import KERNEL_SRC, SEARCH_SPACES
 from ..problem import DTYPES, Problem
 from ..text import printable
@@ -290,6 +290,10 @@ def config_key(config: Mapping[str, int]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: the largest kernel source or header file read to see which macros it uses
+MAX_KERNEL_FILE_BYTES = 4 << 20
+
+
 # -- loading -------------------------------------------------------------------------------
 def available_families() -> list[str]:
     return sorted(p.stem for p in SEARCH_SPACES.glob("*.toml"))
@@ -308,15 +312,9 @@ def load_space(name_or_path: str | Path) -> Space:
             )
     shown = printable(path, 200)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpaceError(f"{shown}: no such space file") from None
-    except UnicodeDecodeError as e:
-        raise SpaceError(f"{shown}: not UTF-8 text (byte {e.start}); save the space file as UTF-8") from None
-    except OSError as e:
-        raise SpaceError(f"{shown}: cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpaceError(f"{shown}: not valid TOML: {e}") from None
+        data = read_toml(path, what="the space file")
+    except FileContentError as e:
+        raise SpaceError(f"{shown}: no such space file" if e.missing else str(e)) from None
     try:
         return _parse(data, path)
     except (ExprError, KeyError, TypeError, ValueError) as e:
@@ -582,9 +580,10 @@ def _kernel_text(family: Family) -> str:
             continue
         seen.add(path)
         try:
-            text = _COMMENT.sub(" ", path.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
+            _, data = read_limited(path, MAX_KERNEL_FILE_BYTES, what="a kernel source file")
+        except FileContentError:
             continue
+        text = _COMMENT.sub(" ", data.decode("utf-8", errors="replace"))
         texts.append(text)
         for include in _INCLUDE.findall(text):
             for base in (root, path.parent):

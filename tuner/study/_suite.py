@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 import optuna
 
 from ..errors import FlashtuneError
+from ..files import FileContentError, read_toml
 from ..problem import Problem, ProblemError
 from ..space import SpaceError, load_space
 from ..text import printable
@@ -127,15 +127,9 @@ def load_suite(path: str | Path) -> Suite:
 def _read_toml(path: Path) -> dict[str, Any]:
     shown = printable(path, 200)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"{shown}: no such suite file") from None
-    except UnicodeDecodeError as e:
-        raise SuiteError(f"{shown}: not UTF-8 text (byte {e.start}); save the suite file as UTF-8") from None
-    except OSError as e:
-        raise SuiteError(f"{shown}: cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SuiteError(f"{shown}: not valid TOML: {e}") from None
+        return read_toml(path, what="the suite file")
+    except FileContentError as e:
+        raise SuiteError(f"{shown}: no such suite file" if e.missing else str(e)) from None
 
 
 def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
