@@ -74,8 +74,9 @@ class Oracle:
         key = config_key(config)
         if key not in self.results:
             raise ReplayError(
-                f"study {self.study_name!r} never measured config {config}: replay needs a study "
-                "that holds every feasible config (flashtune tune --sampler grid --trials 100000)"
+                f"study {self.study_name!r} holds {len(self.results)} configs and never measured {config}: "
+                "replay needs a study that holds every feasible config (flashtune tune --sampler grid "
+                "--trials 100000)"
             )
         return self.results[key]
 
@@ -183,18 +184,29 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
     settings = TuneSettings(
         n_trials=budget, compile_workers=0, compile_ahead=window, measure=MeasureSettings(seed=seed)
     )
+    unmeasured: list[ReplayError] = []
+
+    def measure(job: MeasureJob) -> MeasureResult:
+        try:
+            return oracle.measure(job)
+        except ReplayError as e:  # the stored study is no exhaustive sweep: no replay can be trusted
+            unmeasured.append(e)
+            raise
+
     loop = TuneLoop(
         study,
         oracle.space,
         oracle.problem,
         oracle.device,
-        MeasureFunction(oracle.measure),
+        MeasureFunction(measure),
         settings,
         search=search,
         compiler=_stand_in_compile,
         seed=seed,
     )
     summary = loop.run()
+    if unmeasured:
+        raise unmeasured[0]
     evaluated = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
@@ -242,14 +254,19 @@ def replay(
             if progress:
                 progress(runs[-1])
         return runs
-    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_replay_task, oracle, name, seed, budget, window) for name, seed in tasks]
+    # never more processes than runs; leaving the pool (done, failed or interrupted) terminates and
+    # reaps every one of them
+    with mp.get_context("spawn").Pool(min(jobs, len(tasks)), initializer=ignore_stop_signals) as pool:
         runs = []
-        for f in futures:
-            runs.append(f.result())
+        for run in pool.imap(_replay_star, [(oracle, name, seed, budget, window) for name, seed in tasks]):
+            runs.append(run)
             if progress:
-                progress(runs[-1])
+                progress(run)
         return runs
+
+
+def _replay_star(arguments: tuple) -> ReplayRun:
+    return _replay_task(*arguments)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -64,7 +64,16 @@ from ._meta import (
 from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
 from ._secrets import mask_url, redact
-from ._storage import DEFAULT_STORAGE, StorageError, check_storage, error_reason, open_storage, reading, retrying
+from ._storage import (
+    DEFAULT_STORAGE,
+    StorageError,
+    check_storage,
+    error_reason,
+    open_storage,
+    reading,
+    retrying,
+    sqlite_files,
+)
 from ._suite import (
     Suite,
     SuiteError,
@@ -149,6 +158,7 @@ __all__ = [
     "redact",
     "requeue_stale",
     "retrying",
+    "sqlite_files",
     "select_studies",
     "space_digest",
     "stop_cleanly",

@@ -52,6 +52,7 @@ __all__ = [
     "open_storage",
     "reading",
     "retrying",
+    "sqlite_files",
 ]
 
 T = TypeVar("T")
@@ -152,6 +153,19 @@ def _connect_read_only(path: str) -> sqlite3.Connection:
     """A read-only connection to the SQLite file ``path`` (the engine of a reading command makes its
     connections here: it can neither create tables nor change a byte of the database)."""
     return sqlite3.connect(_read_only_uri(Path(path)), uri=True, timeout=LOCK_WAIT_S, check_same_thread=False)
+
+
+def sqlite_files(url: str | None) -> tuple[Path, ...]:
+    """The files of a SQLite storage URL: the database and its ``-wal``, ``-journal`` and ``-shm`` beside it
+    (whether they exist or not); none for a database server or a URL that is no SQLite file."""
+    try:
+        url, parsed, backend = _parse(url)
+        if backend != "sqlite":
+            return ()
+        path = _sqlite_path(parsed, url)
+    except StorageError:
+        return ()
+    return (path, *(Path(f"{path}{suffix}") for suffix in ("-wal", "-journal", "-shm")))
 
 
 def _sqlite_tables(path: Path, *, writable: bool = False) -> dict[str, set[str]]:
