@@ -188,10 +188,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import optuna
 
+    from ..compile import MAX_JOBS
     from ..run import format_table, load_oracle, replay, summarize
     from ..study import open_storage
-
-    from ..compile import MAX_JOBS
 
     samplers = [s.strip() for s in args.samplers.split(",")]
     if not all(samplers):

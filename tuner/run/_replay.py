@@ -11,8 +11,8 @@ so the same seeds give the same figures, in any process.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
+import multiprocessing as mp
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from ..search import check_search, make_search
 from ..space import Config, Space, SpaceError, config_key, load_space
 from ._contracts import MeasureFunction
 from ._loop import TuneLoop, TuneSettings
+from ._threads import ignore_stop_signals
 
 __all__ = [
     "CHECKPOINTS",
