@@ -75,6 +75,7 @@ from ._storage import (
     sqlite_files,
 )
 from ._suite import (
+    MAX_SUITE_PROBLEMS,
     Suite,
     SuiteError,
     SuiteStudy,
@@ -88,6 +89,7 @@ from ._suite import (
 from ._trial_writes import TrialRef, create_running_trial, finish_trial
 
 __all__ = [
+    "MAX_SUITE_PROBLEMS",
     # attribute keys
     "COMPILE",
     "CONFIG_KEY",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,11 @@ from ._meta import StudyError, StudyMeta, is_evaluated, winner
 from ._secrets import mask_url
 from ._storage import DEFAULT_STORAGE
 
+#: the most problems a suite may hold (grids counted before they are expanded)
+MAX_SUITE_PROBLEMS = 10_000
+
 __all__ = [
+    "MAX_SUITE_PROBLEMS",
     "Suite",
     "SuiteError",
     "SuiteStudy",
@@ -141,10 +146,16 @@ def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
         if not isinstance(grids, list) or not grids or not all(isinstance(g, dict) for g in grids):
             raise SuiteError(f"{path}: grid must be a table ([grid]) or an array of tables ([[grid]])")
         for i, g in enumerate(grids):
-            problems += _expand_grid(g, f"{path} [grid]" if isinstance(grid, dict) else f"{path} [[grid]] #{i + 1}")
+            where = f"{path} [grid]" if isinstance(grid, dict) else f"{path} [[grid]] #{i + 1}"
+            problems += _expand_grid(g, where, MAX_SUITE_PROBLEMS - len(problems))
     listed = data.get("problems", [])
     if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
         raise SuiteError(f"{path}: problems must be an array of tables ([[problems]])")
+    if len(problems) + len(listed) > MAX_SUITE_PROBLEMS:
+        raise SuiteError(
+            f"{path}: {len(problems) + len(listed):,} problems; a suite holds at most {MAX_SUITE_PROBLEMS:,} "
+            "(each is a study to tune): split it into smaller suites"
+        )
     for i, entry in enumerate(listed):
         where = f"{path} [[problems]] #{i + 1}"
         lists = [k for k, v in entry.items() if isinstance(v, list)]
@@ -157,12 +168,19 @@ def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
     return unique
 
 
-def _expand_grid(grid: Mapping[str, Any], where: str) -> list[Problem]:
+def _expand_grid(grid: Mapping[str, Any], where: str, room: int = MAX_SUITE_PROBLEMS) -> list[Problem]:
+    """The problems of one grid, counted before they are made: at most ``room`` of them."""
     keys = list(grid)
     axes = [v if isinstance(v, list) else [v] for v in grid.values()]
     empty = [k for k, a in zip(keys, axes) if not a]
     if empty:
         raise SuiteError(f"{where}: {', '.join(empty)} is an empty list")
+    count = math.prod(len(a) for a in axes)
+    if count > room:
+        raise SuiteError(
+            f"{where}: the grid makes {count:,} problems; a suite holds at most {MAX_SUITE_PROBLEMS:,} "
+            "(each is a study to tune): split it into smaller suites"
+        )
     return [_problem(dict(zip(keys, combo)), where) for combo in itertools.product(*axes)]
 
 
