@@ -89,7 +89,6 @@ from ._suite import (
 from ._trial_writes import TrialRef, create_running_trial, finish_trial
 
 __all__ = [
-    "MAX_SUITE_PROBLEMS",
     # attribute keys
     "COMPILE",
     "CONFIG_KEY",
@@ -103,6 +102,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "IS_DEFAULT",
     "MADE_BY",
+    "MAX_SUITE_PROBLEMS",
     "MEASUREMENT",
     "OWNER",
     "PROBLEM",
