@@ -504,6 +504,11 @@ def reading() -> Iterator[None]:
         _READ_ONLY.reset(token)
 
 
+def _deleted(e: KeyError) -> bool:
+    """Optuna's KeyError for a study or trial row that is no longer there."""
+    return bool(e.args) and isinstance(e.args[0], str) and "does not exist" in e.args[0]
+
+
 def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0, log=None) -> T:
     """Run a storage operation; while the database is unreachable, retry with doubling delays.
 
@@ -516,6 +521,13 @@ def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay
     for attempt in range(1, attempts + 1):
         try:
             return call()
+        except KeyError as e:
+            if not _deleted(e):
+                raise
+            raise StorageError(
+                f"the study is gone from the storage while {what}: someone deleted it (or its trial) while "
+                "this process ran; rerun the command to start it again"
+            ) from None
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             reason = error_reason(e)
             if not is_transient(e):
