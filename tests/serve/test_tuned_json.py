@@ -64,5 +64,5 @@ def test_any_value_anywhere_is_the_tables_or_one_tuned_error(dispatch):
 
 @pytest.mark.parametrize("depth", [1000, 100_000])
 def test_deeply_nested_json_is_one_error(depth):
-    with pytest.raises(TunedError, match="tuned.json"):
+    with pytest.raises(TunedError, match=r"tuned\.json"):
         parse_tuned_json("[" * depth + "]" * depth, "tuned.json")
