@@ -108,6 +108,23 @@ def _occupy_closed_descriptors() -> bool:
     return stdout_closed
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, with the stop signals ignored: it ignores SIGTERM
+    itself but not SIGHUP, and a SIGHUP sent to the process group (a closed terminal) killed it, so
+    that it was started again with a traceback per semaphore. Ignored signals stay ignored across
+    exec; the command's own handlers are set after."""
+    from multiprocessing import resource_tracker
+
+    saved = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+    try:
+        resource_tracker.ensure_running()
+    except (OSError, ValueError):  # no processes can be started: the command says so when it needs one
+        pass
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 @contextlib.contextmanager
 def command_process() -> Iterator[None]:
     """Run a command with checked standard output and SIGTERM/SIGHUP as Ctrl-C (restored on leaving)."""
@@ -117,6 +134,7 @@ def command_process() -> Iterator[None]:
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         _received.clear()
+        _start_resource_tracker()
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, _interrupt)
     try:
