@@ -4,6 +4,7 @@ which signal, and no process the run started outlives it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,10 +23,8 @@ from tests.conftest import REPO_ROOT
 def _children(pid: int) -> set[int]:
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             found |= {int(c) for c in (task / "children").read_text().split()}
-        except OSError:
-            pass
     return found
 
 

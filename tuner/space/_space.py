@@ -438,6 +438,23 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
             raise SpaceError(f"{where}: [family] {key} {value!r:.80} must be {what}")
     if not isinstance(fam.get("description", ""), str):
         raise SpaceError(f"{where}: [family] description must be a string")
+    _check_targets(fam, where)
+    return Family(
+        name=fam["name"],
+        description=fam.get("description", ""),
+        source=fam["source"],
+        config_header=fam["config_header"],
+        entry=fam["entry"],
+        abi=fam["abi"],
+        min_arch=int(fam["min_arch"]),
+        arch_suffix=fam.get("arch_suffix", ""),
+        head_dims=tuple(fam["head_dims"]),
+        dtypes=tuple(fam["dtypes"]),
+    )
+
+
+def _check_targets(fam: dict[str, Any], where: str) -> None:
+    """``[family]`` min_arch (an arch flashtune knows), dtypes and head_dims (each listed once)."""
     min_arch = fam["min_arch"]
     if isinstance(min_arch, bool) or not isinstance(min_arch, int) or min_arch not in KNOWN_ARCHS:
         raise SpaceError(
@@ -462,18 +479,6 @@ def _parse_family(fam: dict[str, Any], path: Path) -> Family:
     for key, listed in (("head_dims", head_dims), ("dtypes", dtypes)):
         if len(set(listed)) != len(listed):
             raise SpaceError(f"{where}: [family] {key} repeat: {listed}; list each once")
-    return Family(
-        name=fam["name"],
-        description=fam.get("description", ""),
-        source=fam["source"],
-        config_header=fam["config_header"],
-        entry=fam["entry"],
-        abi=fam["abi"],
-        min_arch=int(fam["min_arch"]),
-        arch_suffix=fam.get("arch_suffix", ""),
-        head_dims=tuple(head_dims),
-        dtypes=tuple(dtypes),
-    )
 
 
 def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str], macros: set[str]) -> Knob:
