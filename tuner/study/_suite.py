@@ -27,7 +27,9 @@ Format (``studies/h200_sweep.toml`` is an example)::
 Problem keys: ``dtype``, ``head_dim``, ``causal``, ``batch`` or ``tokens``, ``seqlen``,
 ``seqlen_k``, ``heads``, ``kv_heads`` (the names of ``flashtune tune``'s options). In
 ``[grid]`` each may be a value or a list; ``[[problems]]`` entries take single values.
-Problems repeated by the grid and the list are tuned once.
+Problems repeated by the grid and the list are tuned once. A suite holds at most
+:data:`MAX_SUITE_PROBLEMS` problems (a grid is counted before it is expanded); its file is read as
+a regular file of at most 1 MiB.
 """
 
 from __future__ import annotations
