@@ -55,12 +55,12 @@ def compile_pool(workers: int) -> cf.Executor:
 
 
 def ignore_stop_signals() -> None:
-    """In a child process: leave SIGTERM and SIGHUP (sent to the whole process group by Slurm or a closed
-    terminal) to the tuner, which stops its children itself once it has stored how it stopped; a child
-    whose tuner is gone exits on its own."""
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    """In a child process: leave SIGHUP (sent to the whole process group when its terminal closes) to the
+    tuner, which stops its children itself once it has stored how it stopped; a child whose tuner is
+    gone exits on its own. SIGTERM keeps ending a child at once: it is what a process pool stops its
+    processes with."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _compile_process_setup(tuner_pid: int) -> None:

@@ -117,13 +117,6 @@ _NO_DATABASE = "run `flashtune tune` first, or point --storage at the database t
 
 def _sqlite_path(parsed: URL, url: str) -> Path:
     database = parsed.database or ""
-    if parsed.query or database.startswith("file:"):
-        # a SQLite URI filename (file:...?uri=true, ?mode=, ?vfs=, ?immutable=) names another file than the
-        # path flashtune checks, and changes how it is opened: refused rather than resolved
-        raise StorageError(
-            f"{mask_url(url)}: SQLite URL options and file: URIs are not supported; give the database's "
-            "path, e.g. sqlite:///studies/flashtune.db or sqlite:////abs/path/flashtune.db"
-        )
     in_memory = (
         not database
         or database == ":memory:"
@@ -134,6 +127,13 @@ def _sqlite_path(parsed: URL, url: str) -> Path:
         raise StorageError(
             f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
             "empty one; give a file, e.g. sqlite:///studies/flashtune.db"
+        )
+    if parsed.query or database.startswith("file:"):
+        # a SQLite URI filename (file:...?uri=true, ?mode=, ?vfs=, ?immutable=) names another file than the
+        # path flashtune checks, and changes how it is opened: refused rather than resolved
+        raise StorageError(
+            f"{mask_url(url)}: SQLite URL options and file: URIs are not supported; give the database's "
+            "path, e.g. sqlite:///studies/flashtune.db or sqlite:////abs/path/flashtune.db"
         )
     return Path(database)
 
