@@ -75,9 +75,9 @@ class Oracle:
         key = config_key(config)
         if key not in self.results:
             raise ReplayError(
-                f"study {self.study_name!r} holds {len(self.results)} configs and never measured {config}: "
-                "replay needs a study that holds every feasible config (flashtune tune --sampler grid "
-                "--trials 100000)"
+                f"study {self.study_name!r} never measured config {config} (it holds {len(self.results)} "
+                "configs): replay needs a study that holds every feasible config (flashtune tune "
+                "--sampler grid --trials 100000)"
             )
         return self.results[key]
 
