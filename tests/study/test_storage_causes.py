@@ -138,3 +138,16 @@ def test_a_schema_from_a_newer_optuna_says_to_upgrade_optuna(rollback_db):
     conn.close()
     with pytest.raises(StorageError, match="newer Optuna"):
         open_storage(f"sqlite:///{rollback_db}", create=False)
+
+
+def test_a_reading_open_cannot_write_and_a_joining_one_can(rollback_db):
+    url = f"sqlite:///{rollback_db}"
+    before = _digests(rollback_db.parent)
+    study = optuna.load_study(study_name="good", storage=open_storage(url, create=False))
+    with pytest.raises(optuna.exceptions.StorageInternalError) as info:
+        study.set_user_attr("probe", 1)
+    assert "readonly" in str(info.value.__cause__)
+    assert _digests(rollback_db.parent) == before
+    joined = optuna.load_study(study_name="good", storage=open_storage(url, create=False, read_only=False))
+    joined.set_user_attr("probe", 1)
+    assert optuna.load_study(study_name="good", storage=open_storage(url, create=False)).user_attrs["probe"] == 1

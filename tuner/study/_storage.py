@@ -393,7 +393,11 @@ def _creation_race(e: BaseException) -> bool:
 
 
 def open_storage(
-    url: str | None = None, *, create: bool = True, stale_trial_callback: StaleTrialCallback | None = None
+    url: str | None = None,
+    *,
+    create: bool = True,
+    read_only: bool | None = None,
+    stale_trial_callback: StaleTrialCallback | None = None,
 ) -> FlashtuneStorage:
     """Flashtune's Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
 
@@ -403,16 +407,19 @@ def open_storage(
     or change anything: where no study database exists (a new path, an empty file, a server database
     without Optuna's tables) they get a :class:`StorageError` saying so. Opening a new database from
     several processes at once is safe: the one that loses the race to create the tables retries.
+    ``read_only`` (default: ``not create``): a SQLite database is opened read-only; ``create=False,
+    read_only=False`` opens an existing database to write to it (``flashtune worker``).
     """
+    read_only = not create if read_only is None else read_only
     url, parsed, backend = _parse(url)
     if backend == "sqlite":
         path = _sqlite_path(parsed, url)
         _check_sqlite_file(path, create=create)
         # wait for the write lock (heartbeats, other tuners); a reading command's connections are read-only
         engine_kwargs: dict = (
-            {"connect_args": {"timeout": LOCK_WAIT_S}}
-            if create
-            else {"creator": functools.partial(_connect_read_only, str(path))}
+            {"creator": functools.partial(_connect_read_only, str(path))}
+            if read_only
+            else {"connect_args": {"timeout": LOCK_WAIT_S}}
         )
     else:
         engine_kwargs = {"pool_pre_ping": True}
@@ -443,7 +450,7 @@ def open_storage(
             raise _schema_version_error(url, e) from None
         except (ImportError, ValueError, OSError) as e:
             raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
-    if backend == "sqlite" and create:
+    if backend == "sqlite" and not read_only:
         _lock_sqlite_at_begin(storage.engine)
     return storage
 
