@@ -392,6 +392,18 @@ def _creation_race(e: BaseException) -> bool:
     )
 
 
+def _engine_kwargs(url: str, parsed: URL, backend: str, *, create: bool, read_only: bool) -> dict[str, Any]:
+    """The engine's arguments, a SQLite file checked first: its connections wait for the write lock
+    (heartbeats, other tuners), or are read-only for a reading command."""
+    if backend != "sqlite":
+        return {"pool_pre_ping": True}
+    path = _sqlite_path(parsed, url)
+    _check_sqlite_file(path, create=create)
+    if read_only:
+        return {"creator": functools.partial(_connect_read_only, str(path))}
+    return {"connect_args": {"timeout": LOCK_WAIT_S}}
+
+
 def open_storage(
     url: str | None = None,
     *,
@@ -412,17 +424,7 @@ def open_storage(
     """
     read_only = not create if read_only is None else read_only
     url, parsed, backend = _parse(url)
-    if backend == "sqlite":
-        path = _sqlite_path(parsed, url)
-        _check_sqlite_file(path, create=create)
-        # wait for the write lock (heartbeats, other tuners); a reading command's connections are read-only
-        engine_kwargs: dict = (
-            {"creator": functools.partial(_connect_read_only, str(path))}
-            if read_only
-            else {"connect_args": {"timeout": LOCK_WAIT_S}}
-        )
-    else:
-        engine_kwargs = {"pool_pre_ping": True}
+    engine_kwargs = _engine_kwargs(url, parsed, backend, create=create, read_only=read_only)
     callback = stale_trial_callback or requeue_stale
     for attempt in range(1, 7):
         try:
