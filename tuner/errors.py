@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["FlashtuneError", "UsageError"]
+import contextlib
+import sys
+
+from .text import printable
+
+__all__ = ["FlashtuneError", "UsageError", "warn"]
 
 
 class FlashtuneError(Exception):
@@ -11,3 +16,10 @@ class FlashtuneError(Exception):
 
 class UsageError(FlashtuneError, ValueError):
     """Bad input that is not about one module in particular (command-line values, a config, a GPU)."""
+
+
+def warn(message: str) -> None:
+    """Tell the user of something flashtune works around: one ``flashtune: warning: ...`` line on stderr
+    (never Python's two-line warning with a source path)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr closed: nowhere to tell
+        print(f"flashtune: warning: {printable(message, 1000)}", file=sys.stderr, flush=True)

@@ -224,19 +224,20 @@ def test_compile_outcome_turns_failure_into_a_status(tiny):
     assert good.status == "ok" and good.payload is not None and good.reason == ""
 
 
-def test_unwritable_cache_still_compiles_with_a_warning(tiny, tmp_path, monkeypatch):
+def test_unwritable_cache_still_compiles_with_a_warning(tiny, tmp_path, monkeypatch, capsys):
     space, _ = tiny
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(blocker / "cache"))  # mkdir fails even as root
-    with pytest.warns(UserWarning, match="cache"):
-        kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and warned[0].startswith("flashtune: warning: cubin cache at "), warned
     try:
         assert not kernel.cached
         assert Path(kernel.cubin_path).is_file() and Path(kernel.cubin_path).read_bytes()[:4] == b"\x7fELF"
         assert kernel.resources.registers > 0
-        with pytest.warns(UserWarning):
-            again = compile_config(space, space.defaults(), PROBLEM, SM80)
+        again = compile_config(space, space.defaults(), PROBLEM, SM80)
+        assert capsys.readouterr().err.startswith("flashtune: warning: ")
         assert not again.cached
         Path(again.cubin_path).unlink()
     finally:
@@ -295,11 +296,11 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
-def test_full_disk_for_the_cache_still_compiles_with_a_warning(tiny, full_disk, monkeypatch):
+def test_full_disk_for_the_cache_still_compiles_with_a_warning(tiny, full_disk, monkeypatch, capsys):
     space, _ = tiny
     monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(full_disk / "cache"))
-    with pytest.warns(UserWarning, match="not written"):
-        kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    assert "flashtune: warning: cubin cache at " in capsys.readouterr().err
     try:
         assert not kernel.cached and Path(kernel.cubin_path).read_bytes()[:4] == b"\x7fELF"
         assert not list((full_disk / "cache" / "cubins").glob("*.tmp"))  # no half-written entries left
@@ -307,7 +308,7 @@ def test_full_disk_for_the_cache_still_compiles_with_a_warning(tiny, full_disk, 
         Path(kernel.cubin_path).unlink(missing_ok=True)
 
 
-def test_enospc_while_writing_the_cache_leaves_no_partial_entry(tiny, monkeypatch, tmp_path):
+def test_enospc_while_writing_the_cache_leaves_no_partial_entry(tiny, monkeypatch, tmp_path, capsys):
     """The same without mount rights: the disk fills between the cubin and its metadata."""
     space, _ = tiny
     monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(tmp_path / "cache"))
@@ -319,8 +320,8 @@ def test_enospc_while_writing_the_cache_leaves_no_partial_entry(tiny, monkeypatc
         return real(self, data)
 
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    with pytest.warns(UserWarning, match="No space left"):
-        kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    kernel = compile_config(space, space.defaults(), PROBLEM, SM80)
+    assert "No space left" in capsys.readouterr().err
     monkeypatch.setattr(Path, "write_bytes", real)
     try:
         assert not kernel.cached

@@ -22,6 +22,7 @@ __all__ = [
 
 
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's samplers take seeds below 2**32
+MAX_SECONDS = 1e7  # the longest --timeout or --trial-timeout (about 16 weeks)
 
 
 def problem_from(args: argparse.Namespace) -> Problem:
@@ -99,9 +100,11 @@ def tune_settings(args: argparse.Namespace, n_trials: int | None):
     ):
         if value > most:
             raise UsageError(f"{flag} must be at most {most}, not {value}")
-    for flag, value in (("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout)):
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}")
+    # a trial needs a compile and a measurement (seconds); a run's timeout is waited on as a thread's
+    # timeout is, which overflows past about 9e9 s
+    for flag, value, least in (("--timeout", args.timeout, 1.0), ("--trial-timeout", args.trial_timeout, 1.0)):
+        if value is not None and (not math.isfinite(value) or not least <= value <= MAX_SECONDS):
+            raise UsageError(f"{flag} must be from {least:g} to {MAX_SECONDS:g} seconds, not {value:g}")
     check_seed(args.seed)
     if hasattr(args, "noise_floor"):
         noise_floor(args)

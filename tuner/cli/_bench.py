@@ -12,6 +12,7 @@ from ..run import default_compile_workers
 from ..text import printable
 from . import _gpus
 from ._args import explicit_problem_flags, parse_config, problem_from
+from ._outputs import guard
 
 __all__ = ["cmd_bench"]
 
@@ -85,6 +86,7 @@ def _bench_suite(args: argparse.Namespace) -> int:
             )
         if not is_stream(out):  # /dev/stdout or a pipe: the table only
             json_out = check_output_path(out.with_suffix(".json"))
+        guard(args, out, json_out)
     suite = load_suite(args.suite)
     storage_url = suite_storage(suite, args.storage)
     worker, info = _gpus.start_worker(args.gpu)

@@ -18,6 +18,7 @@ from ..progress import Progress, log
 from ..text import printable
 from . import _gpus
 from ._args import check_printable_name, check_seed, noise_floor, problem_from, tune_settings
+from ._outputs import guard
 
 __all__ = ["cmd_best", "cmd_check", "cmd_export", "cmd_replay", "cmd_report", "cmd_studies", "cmd_tune", "cmd_worker"]
 
@@ -233,12 +234,25 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from ..compile import MAX_JOBS
     from ..run import format_table, load_oracle, replay, summarize
     from ..study import open_storage
 
-    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    samplers = [s.strip() for s in args.samplers.split(",")]
+    if not all(samplers):
+        raise UsageError(f"--samplers {printable(args.samplers, 80)!r} names an empty sampler; give e.g. pattern,tpe")
+    if len(set(samplers)) != len(samplers):
+        raise UsageError(f"--samplers {printable(args.samplers, 80)!r} names a sampler twice; name each once")
     if args.seeds < 1 or args.budget < 1 or args.window < 1 or args.jobs < 1:
         raise UsageError("--seeds, --budget, --window and --jobs must be at least 1")
+    for flag, value, most in (
+        ("--jobs", args.jobs, MAX_JOBS),
+        ("--seeds", args.seeds, 100_000),
+        ("--budget", args.budget, 1_000_000),
+        ("--window", args.window, 1000),
+    ):
+        if value > most:
+            raise UsageError(f"{flag} must be at most {most}, not {value}")
     oracle = load_oracle(open_storage(args.storage, create=False), args.study, args.space, storage_url=args.storage)
     with Progress(len(samplers) * args.seeds, desc="replay", unit="run") as shown:
 
@@ -273,17 +287,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..export import collect_dispatch, export_study
     from ..files import check_output_path, is_stream, write_text
 
+    json_path = None
     if args.output:
         check_output_path(args.output)
+        if args.dispatch and args.output.endswith(".json"):
+            raise UsageError(f"-o {args.output}: -o names the header; its JSON is written beside it (name.json)")
+        if args.dispatch and not is_stream(args.output):  # the tables for tuner.attention(config="auto", tuned=...)
+            json_path = check_output_path(check_output_path(args.output).with_suffix(".json"))
+    guard(args, args.output, json_path)
     if args.dispatch:
         if not args.study and not args.suite:
             raise UsageError("--dispatch needs --study PATTERN (a glob over study names) and/or --suite FILE")
-        if args.output and args.output.endswith(".json"):
-            raise UsageError(f"-o {args.output}: -o names the header; its JSON is written beside it (name.json)")
         selection = collect_dispatch(args.storage, pattern=args.study, suite_path=args.suite)
         text = selection.header()
-        if args.output and not is_stream(args.output):  # the tables for tuner.attention(config="auto", tuned=...)
-            json_path = check_output_path(check_output_path(args.output).with_suffix(".json"))
+        if json_path is not None:
             print(f"wrote {printable(write_text(selection.json(), json_path), 200)}", file=sys.stderr)
     elif args.suite or not args.study:
         raise UsageError(
@@ -304,6 +321,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.output:
         check_output_path(args.output)
+    guard(args, args.output)
     text, stem = build_report(args.storage, study=args.study, suite_path=args.suite)
     path = write_text(text, args.output or f"{stem}.html")
     print(

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 
 from ..errors import FlashtuneError
+from ..files import inputs_noted
 from ..text import printable
 from ._parser import build_parser
+from ._process import command_process, stopped_by
 
 __all__ = ["build_parser", "main"]
 
@@ -55,18 +58,24 @@ def _use_kernels(kernels: list[str] | None) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command
+    with command_process():
+        return _run(command, args)
+
+
+def _run(command: str, args) -> int:
+    """The command's exit status, every failure turned into one line."""
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
     from ..progress import configure_logging
     from ..study import error_reason
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command
     configure_logging(args.verbose - args.quiet)
     try:
-        with _use_kernels(getattr(args, "kernels", None)):
+        with _use_kernels(getattr(args, "kernels", None)), inputs_noted():  # no output may replace an input
             rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at exit
         return rc
@@ -84,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     except KeyboardInterrupt:
-        print(f"flashtune {command}: interrupted; finished trials are stored", file=sys.stderr)
-        return 130
+        signum = stopped_by()
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        with contextlib.suppress(OSError):
+            print(f"flashtune {command}: {how}; finished trials are stored", file=sys.stderr)
+        return 128 + signum
     except MemoryError:
         _error(command, "out of memory")
         return 1

@@ -60,7 +60,7 @@ def _samples(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"expected 'all' or a number of configs, not {printable(text, 40)!r}"
         ) from None
-    if value < 0:
+    if value < 1:  # 0 is no number of configs to compile ('all' says every one)
         raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of configs, not {value}")
     return value
 

@@ -15,6 +15,7 @@ import itertools
 import multiprocessing as mp
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -114,6 +115,13 @@ def check_space(
     if samples is None:
         samples = AUTO_SAMPLES
     feasible = _static_check(report, candidates, problem, device, default)
+    if samples > len(feasible):
+        where = "" if exhaustive else f" of {len(candidates):,} random points"
+        print(
+            f"flashtune: warning: --samples {samples} is more than the {len(feasible)} statically feasible "
+            f"configs{where}; compiling those {len(feasible)}",
+            file=sys.stderr,
+        )
     chosen = _compile_sample(feasible, default, samples, rng)
     if out:
         _announce(space, problem, device, candidates, exhaustive, feasible, chosen, jobs, out)

@@ -16,12 +16,11 @@ import os
 import shutil
 import subprocess
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..devices import DeviceLimits
-from ..errors import FlashtuneError
+from ..errors import FlashtuneError, warn
 from ..outcome import Outcome, Status
 from ..paths import KERNEL_SRC
 from ..problem import Problem
@@ -185,9 +184,7 @@ def _store(directory: Path, key: str, cubin: bytes, meta: dict[str, object]) -> 
             raise
         return directory / f"{key}.cubin"
     except OSError as e:
-        warnings.warn(
-            f"flashtune: cubin cache at {directory} not written ({e.strerror}); compiling without cache", stacklevel=3
-        )
+        warn(f"cubin cache at {directory} not written ({e.strerror}); compiling without cache")
         return None
 
 

@@ -36,7 +36,10 @@ _MAX_DIGITS = 18  # every value fits a 64-bit integer
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DIRECTIVE = re.compile(rf"#\s*({_IDENT})?\s*(.*)$", re.DOTALL)
 _DEFINE = re.compile(rf"({_IDENT})(\()?\s*(.*)$", re.DOTALL)
-_INTEGER = re.compile(r"\(?\s*(-?\d+)\s*\)?")
+# a decimal integer as C reads one and flashtune writes one: ASCII digits, no leading zero (C reads 0100 as
+# octal 64 and refuses 0128), in one pair of parentheses or none
+_DECIMAL = r"-?(?:0|[1-9][0-9]*)"
+_INTEGER = re.compile(rf"\(\s*({_DECIMAL})\s*\)|({_DECIMAL})", re.ASCII)
 _FAMILY_VALUE = re.compile(r'"([a-z][a-z0-9_]*)"')
 _DEFINED = re.compile(rf"(!?)\s*defined\s*(?:\(\s*({_IDENT})\s*\)|\s+({_IDENT}))")
 _PROBLEM_MACROS = ("FT_HEAD_DIM", "FT_IS_BF16", "FT_IS_CAUSAL")
@@ -95,8 +98,8 @@ def _strip_comments(text: str, where: str) -> str:
 def _condition(expression: str, defines: Mapping[str, str], where: str) -> bool:
     """``#if`` / ``#elif`` conditions a config header may use: an integer, or ``[!]defined(NAME)``."""
     expression = expression.strip()
-    if (m := _INTEGER.fullmatch(expression)) is not None and len(m.group(1).lstrip("-")) <= _MAX_DIGITS:
-        return int(m.group(1)) != 0
+    if (m := _INTEGER.fullmatch(expression)) is not None and len((m.group(1) or m.group(2)).lstrip("-")) <= _MAX_DIGITS:
+        return int(m.group(1) or m.group(2)) != 0
     if (m := _DEFINED.fullmatch(expression)) is not None:
         found = (m.group(2) or m.group(3)) in defines
         return not found if m.group(1) else found
@@ -199,11 +202,15 @@ def _define(rest: str, defines: dict[str, str], at: str) -> None:
 def _integer(name: str, value: str, where: str) -> int:
     m = _INTEGER.fullmatch(value)
     if m is None:
-        raise HeaderError(f"{where}: {name} is defined as {value[:40]!r}, not a decimal integer")
-    digits = m.group(1).lstrip("-")
+        raise HeaderError(
+            f"{where}: {name} is defined as {value[:40]!r}, not a decimal integer (ASCII digits, no leading "
+            "zero: C reads 0100 as octal); export the header again"
+        )
+    number = m.group(1) or m.group(2)
+    digits = number.lstrip("-")
     if len(digits) > _MAX_DIGITS:
         raise HeaderError(f"{where}: {name} = {value[:24]}... is too large ({len(digits)} digits)")
-    return int(m.group(1))
+    return int(number)
 
 
 def header_family(text: str, where: str) -> str:
@@ -282,7 +289,7 @@ def read_header(path: str | Path, space: Space, problem: Problem | None = None) 
     """The knob values of a header written by ``flashtune export``, validated against ``space`` (and ``problem``)."""
     where = str(path)
     try:
-        _, data = read_limited(where, MAX_HEADER_BYTES)
+        _, data = read_limited(where, MAX_HEADER_BYTES, what="the config header")
     except FileContentError as e:
         raise HeaderError(f"cannot read config header {str(e).removeprefix('cannot read ')}") from None
     return parse_header(decode_header(data, where), where, space, problem)

@@ -106,7 +106,7 @@ def table_from_json(data: Any, where: str) -> DispatchTable:
     for item in data["entries"]:
         if not isinstance(item, dict) or set(item) != {"dtype", "head_dim", "causal", "seqlen", "config"}:
             raise TableError(f"{where}: an entry needs exactly dtype, head_dim, causal, seqlen and config")
-        if item["dtype"] not in DTYPES or not isinstance(item["causal"], bool):
+        if not isinstance(item["dtype"], str) or item["dtype"] not in DTYPES or not isinstance(item["causal"], bool):
             raise TableError(f"{where}: an entry's dtype must be one of {sorted(DTYPES)} and causal true or false")
         entries.append(
             (

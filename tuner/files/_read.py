@@ -16,10 +16,16 @@ import hashlib
 import os
 import stat
 import time
+import tomllib
 
 from ..errors import FlashtuneError
+from ..text import printable
+from ._inputs import note_input
 
-__all__ = ["RACY_NS", "FileContentError", "read_content", "read_limited"]
+__all__ = ["MAX_TEXT_BYTES", "RACY_NS", "FileContentError", "read_content", "read_limited", "read_toml"]
+
+#: the largest space or suite file read (the largest shipped is a few KiB)
+MAX_TEXT_BYTES = 1 << 20
 
 #: a file whose mtime or ctime is this recent when read is read again at the next lookup
 RACY_NS = 2_000_000_000
@@ -29,22 +35,38 @@ _memo: dict[str, tuple[tuple[int, ...], str, bytes, bool]] = {}
 
 
 class FileContentError(FlashtuneError, ValueError):
-    """The file cannot be read as a small regular file (missing, a device, a folder, too large)."""
+    """The file cannot be read as a small regular file (missing, a device, a folder, too large), or its
+    text is not what it should be (not UTF-8, not TOML). ``missing``: there is no such file."""
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
-def read_limited(path: str, limit_bytes: int) -> tuple[os.stat_result, bytes]:
-    """(stat taken before reading, content) of a regular file of at most ``limit_bytes``."""
+def read_limited(path: str | os.PathLike, limit_bytes: int, *, what: str = "a file") -> tuple[os.stat_result, bytes]:
+    """(stat taken before reading, content) of a regular file of at most ``limit_bytes``: never a FIFO,
+    a device or a folder, so a read neither blocks nor runs on without end. Every file flashtune is
+    handed is read through here; ``what`` names it as an input of the running command."""
+    path = os.fspath(path)
+    note_input(what, path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
     except OSError as e:
-        raise FileContentError(f"cannot read {path}: {e.strerror or e}") from None
+        raise FileContentError(
+            f"cannot read {printable(path, 200)}: {e.strerror or e}", missing=isinstance(e, FileNotFoundError)
+        ) from None
+    except ValueError:  # a NUL byte in the name
+        raise FileContentError(f"cannot read {printable(path, 200)}: the name holds a NUL byte") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileContentError(f"cannot read {path}: not a regular file")
+            raise FileContentError(
+                f"cannot read {printable(path, 200)}: not a regular file (a folder, device or pipe); give a file"
+            )
         if info.st_size > limit_bytes:
             raise FileContentError(
-                f"cannot read {path}: {info.st_size} bytes is more than the {limit_bytes} bytes such a file can have"
+                f"cannot read {printable(path, 200)}: {info.st_size} bytes is more than the {limit_bytes} "
+                "bytes such a file can have"
             )
         chunks, size = [], 0
         while size <= limit_bytes:
@@ -54,10 +76,10 @@ def read_limited(path: str, limit_bytes: int) -> tuple[os.stat_result, bytes]:
             chunks.append(chunk)
             size += len(chunk)
         if size > limit_bytes:  # grew while being read
-            raise FileContentError(f"cannot read {path}: more than {limit_bytes} bytes")
+            raise FileContentError(f"cannot read {printable(path, 200)}: more than {limit_bytes} bytes")
         return info, b"".join(chunks)
     except OSError as e:
-        raise FileContentError(f"cannot read {path}: {e.strerror or e}") from None
+        raise FileContentError(f"cannot read {printable(path, 200)}: {e.strerror or e}") from None
     finally:
         os.close(fd)
 
@@ -84,3 +106,20 @@ def read_content(path: str, *, limit_bytes: int = 1 << 20) -> tuple[str, bytes]:
     racy = time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) < RACY_NS
     _memo[path] = (_signature(info), digest, data, racy)
     return digest, data
+
+
+def read_toml(path: str | os.PathLike, *, what: str) -> dict:
+    """The TOML table of a small text file (``what``: ``the space file``), read by :func:`read_limited`;
+    :class:`FileContentError` with ``path: reason`` when it cannot be read or is not TOML."""
+    shown = printable(os.fspath(path), 200)
+    _, data = read_limited(path, MAX_TEXT_BYTES, what=what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileContentError(f"{shown}: not UTF-8 text (byte {e.start}); save {what} as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise FileContentError(f"{shown}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise FileContentError(f"{shown}: not valid TOML: nested too deeply; flatten its tables and arrays") from None

@@ -14,14 +14,11 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ..errors import FlashtuneError
 from ..text import printable
+from ._errors import OutputError
+from ._inputs import guard_outputs
 
 __all__ = ["OutputError", "check_output_path", "is_stream", "write_text"]
-
-
-class OutputError(FlashtuneError, ValueError):
-    """The output path cannot be written (a directory, a missing folder, a name too long, no permission)."""
 
 
 def _fail(path: str | Path, why: str) -> OutputError:
@@ -46,6 +43,8 @@ def check_output_path(path: str | Path) -> Path:
     """``path`` if a file can be written there, else :class:`OutputError` (checked before any work is done)."""
     if not str(path):
         raise OutputError("the output file name is empty; give a file name with -o")
+    if str(path).endswith((os.sep, f"{os.sep}.", f"{os.sep}..")) or str(path) in (".", ".."):
+        raise _fail(path, "it names a folder; give a file name, e.g. out/best.h")
     path = Path(path)
     try:
         mode = _mode(path)
@@ -84,6 +83,7 @@ def write_text(text: str, path: str | Path) -> Path:
     """Write ``text`` to ``path``: atomically for a regular file or a new path, straight through for a
     device or pipe; :class:`OutputError` if the path is unusable. Returns ``path``."""
     path = check_output_path(path)
+    guard_outputs([path])  # never over a file this command has read (its database, suite, space file)
     try:
         mode = _mode(path)
         if mode is not None and not stat.S_ISREG(mode):

@@ -748,12 +748,18 @@ def _ctrl_c_deferred():
             raise KeyboardInterrupt
         print("flashtune: storing how the tuner stopped; Ctrl-C again to quit now", file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    # SIGTERM and SIGHUP (``docker stop``, Slurm, a closed terminal) stop the tuner as Ctrl-C does
+    signums = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = {signum: signal.signal(signum, on_ctrl_c) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if caught:
+        handler = previous.get(caught[0])
+        if callable(handler):
+            handler(caught[0], None)  # raises KeyboardInterrupt; the command's own handler notes the signal
         raise KeyboardInterrupt
 
 

@@ -11,8 +11,8 @@ so the same seeds give the same figures, in any process.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
+import multiprocessing as mp
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from ..search import check_search, make_search
 from ..space import Config, Space, SpaceError, config_key, load_space
 from ._contracts import MeasureFunction
 from ._loop import TuneLoop, TuneSettings
+from ._threads import ignore_stop_signals
 
 __all__ = [
     "CHECKPOINTS",
@@ -74,8 +75,9 @@ class Oracle:
         key = config_key(config)
         if key not in self.results:
             raise ReplayError(
-                f"study {self.study_name!r} never measured config {config}: replay needs a study "
-                "that holds every feasible config (flashtune tune --sampler grid --trials 100000)"
+                f"study {self.study_name!r} never measured config {config} (it holds {len(self.results)} "
+                "configs): replay needs a study that holds every feasible config (flashtune tune "
+                "--sampler grid --trials 100000)"
             )
         return self.results[key]
 
@@ -191,18 +193,29 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
     settings = TuneSettings(
         n_trials=budget, compile_workers=0, compile_ahead=window, measure=MeasureSettings(seed=seed)
     )
+    unmeasured: list[ReplayError] = []
+
+    def measure(job: MeasureJob) -> MeasureResult:
+        try:
+            return oracle.measure(job)
+        except ReplayError as e:  # the stored study is no exhaustive sweep: no replay can be trusted
+            unmeasured.append(e)
+            raise
+
     loop = TuneLoop(
         study,
         oracle.space,
         oracle.problem,
         oracle.device,
-        MeasureFunction(oracle.measure),
+        MeasureFunction(measure),
         settings,
         search=search,
         compiler=_stand_in_compile,
         seed=seed,
     )
     summary = loop.run()
+    if unmeasured:
+        raise unmeasured[0]
     evaluated = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
@@ -250,14 +263,19 @@ def replay(
             if progress:
                 progress(runs[-1])
         return runs
-    with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_replay_task, oracle, name, seed, budget, window) for name, seed in tasks]
+    # never more processes than runs; leaving the pool (done, failed or interrupted) terminates and
+    # reaps every one of them
+    with mp.get_context("spawn").Pool(min(jobs, len(tasks)), initializer=ignore_stop_signals) as pool:
         runs = []
-        for f in futures:
-            runs.append(f.result())
+        for run in pool.imap(_replay_star, [(oracle, name, seed, budget, window) for name, seed in tasks]):
+            runs.append(run)
             if progress:
-                progress(runs[-1])
+                progress(run)
         return runs
+
+
+def _replay_star(arguments: tuple) -> ReplayRun:
+    return _replay_task(*arguments)
 
 
 def _percentile(values: list[float], q: float) -> float:

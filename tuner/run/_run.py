@@ -229,7 +229,7 @@ def join_study(
     storage_url: str, study_name: str, *, n_trials: int | None = None, settings: TuneSettings | None = None
 ) -> TuningRun:
     """An existing study, opened for `flashtune worker` on another host, with the spec it was created with."""
-    storage = open_storage(storage_url, create=False, stale_trial_callback=requeue_stale)
+    storage = open_storage(storage_url, create=False, read_only=False, stale_trial_callback=requeue_stale)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:

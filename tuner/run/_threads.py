@@ -13,6 +13,7 @@ import functools
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from ..gpu import MeasureJob, MeasureResult, MeasureSettings
 from ..problem import Problem
 from ._contracts import Measure
 
-__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool"]
+__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool", "ignore_stop_signals"]
 
 COMPILE_NICENESS = 10  # added to the compile processes' niceness
 
@@ -53,7 +54,17 @@ def compile_pool(workers: int) -> cf.Executor:
     )
 
 
+def ignore_stop_signals() -> None:
+    """In a child process: leave SIGHUP (sent to the whole process group when its terminal closes) to the
+    tuner, which stops its children itself once it has stored how it stopped; a child whose tuner is
+    gone exits on its own. SIGTERM keeps ending a child at once: it is what a process pool stops its
+    processes with."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _compile_process_setup(tuner_pid: int) -> None:
+    ignore_stop_signals()
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or not a POSIX system: compile as is
         os.nice(COMPILE_NICENESS)
     threading.Thread(target=_exit_when_orphaned, args=(tuner_pid,), name="flashtune-orphan-watch", daemon=True).start()

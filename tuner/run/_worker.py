@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 from ..errors import FlashtuneError
 from ..gpu import CupyHandler, GpuHandler, MeasureJob, MeasureResult, MeasureSettings
 from ..problem import Problem
+from ._threads import ignore_stop_signals
 
 __all__ = ["Worker", "WorkerCrashed", "WorkerError", "WorkerTimeout", "WorkerUnavailable"]
 
@@ -212,6 +213,7 @@ class Worker:
 def _serve(conn: Connection, handler_reference: bytes, device: int, parent_pid: int) -> None:
     """The child's loop: the handler made and set up (a failure is reported: no worker), then calls until
     the parent says stop, goes away, or a fatal error ends the process."""
+    ignore_stop_signals()  # the tuner stops this process once it has stored how it stopped
     try:
         handler = pickle.loads(handler_reference)()  # here, not in spawn's start: an import error is reported
         handler.setup(device)

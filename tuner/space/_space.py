@@ -11,14 +11,15 @@ import hashlib
 import json
 import os
 import re
-import tomllib
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..devices import DeviceLimits
+from ..devices import KNOWN_ARCHS, DeviceLimits
 from ..errors import FlashtuneError
+from ..files import FileContentError, read_limited, read_toml
 from ..paths import KERNEL_SRC, SEARCH_SPACES
 from ..problem import DTYPES, Problem
 from ..text import printable
@@ -396,15 +397,9 @@ def load_space(
         root = _root_of(path, dirs)
     shown = printable(path, 200)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpaceError(f"{shown}: no such space file") from None
-    except UnicodeDecodeError as e:
-        raise SpaceError(f"{shown}: not UTF-8 text (byte {e.start}); save the space file as UTF-8") from None
-    except OSError as e:
-        raise SpaceError(f"{shown}: cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpaceError(f"{shown}: not valid TOML: {e}") from None
+        data = read_toml(path, what="the space file")
+    except FileContentError as e:
+        raise SpaceError(f"{shown}: no such space file" if e.missing else str(e)) from None
     try:
         return _parse(data, path, root)
     except (ExprError, KeyError, TypeError, ValueError) as e:
@@ -419,12 +414,13 @@ def _head_dim_defaults(table: Any, values: list[int], family: Family, where: str
         raise SpaceError(f"{where}: default_by_head_dim must be a table such as {{ 256 = 80 }}")
     out = []
     for key, value in table.items():
-        if not re.fullmatch(r"[0-9]{1,5}", key) or int(key) not in family.head_dims:
+        # a head dim as written in head_dims: "0128" or "128.0" would be a second key for head dim 128
+        if not re.fullmatch(r"[1-9][0-9]{0,4}", key, re.ASCII) or int(key) not in family.head_dims:
             raise SpaceError(
                 f"{where}: default_by_head_dim key {key!r} is not one of the family's head_dims "
                 f"{list(family.head_dims)}"
             )
-        if isinstance(value, bool) or value not in values:
+        if not _is_int(value) or value not in values:
             raise SpaceError(f"{where}: default_by_head_dim {key} = {value!r} is not one of the values {values}")
         out.append((int(key), int(value)))
     return tuple(sorted(out))
@@ -445,6 +441,11 @@ def _arch_defaults(table: Any, values: list[int], family: Family, where: str) ->
             raise SpaceError(f"{where}: default_by_arch {key} = {value!r} is not one of the values {values}")
         out.append((int(key), int(value)))
     return tuple(sorted(out))
+
+
+def _is_int(value: Any) -> bool:
+    """An integer as TOML writes one (not a float such as 128.0, not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _table(data: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> dict[str, Any]:
@@ -540,10 +541,28 @@ def _parse_family(fam: dict[str, Any], path: Path, root: Path) -> Family:
             raise SpaceError(f"{where}: [family] {key} {value!r:.80} must be {what}")
     if not isinstance(fam.get("description", ""), str):
         raise SpaceError(f"{where}: [family] description must be a string")
+    _check_targets(fam, where)
+    return Family(
+        name=fam["name"],
+        description=fam.get("description", ""),
+        source=fam["source"],
+        config_header=fam["config_header"],
+        entry=fam["entry"],
+        abi=fam["abi"],
+        min_arch=int(fam["min_arch"]),
+        arch_suffix=fam.get("arch_suffix", ""),
+        head_dims=tuple(fam["head_dims"]),
+        dtypes=tuple(fam["dtypes"]),
+    )
+
+
+def _check_targets(fam: dict[str, Any], where: str) -> None:
+    """``[family]`` min_arch (an arch flashtune knows), dtypes and head_dims (each listed once)."""
     min_arch = fam["min_arch"]
-    if isinstance(min_arch, bool) or not isinstance(min_arch, int) or not 10 <= min_arch <= 1000:
+    if isinstance(min_arch, bool) or not isinstance(min_arch, int) or min_arch not in KNOWN_ARCHS:
         raise SpaceError(
-            f"{where}: [family] min_arch must be a compute capability times ten (80, 90), got {min_arch!r:.40}"
+            f"{where}: [family] min_arch must be a compute capability times ten that flashtune knows "
+            f"({', '.join(map(str, KNOWN_ARCHS))}), got {min_arch!r:.40}"
         )
     dtypes = fam["dtypes"]
     if (
@@ -560,18 +579,9 @@ def _parse_family(fam: dict[str, Any], path: Path, root: Path) -> Family:
         or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= 1024 for d in head_dims)
     ):
         raise SpaceError(f"{where}: [family] head_dims must be a non-empty list of positive integers (up to 1024)")
-    return Family(
-        name=fam["name"],
-        description=fam.get("description", ""),
-        source=fam["source"],
-        config_header=fam["config_header"],
-        entry=fam["entry"],
-        abi=fam["abi"],
-        min_arch=int(fam["min_arch"]),
-        arch_suffix=fam.get("arch_suffix", ""),
-        head_dims=tuple(head_dims),
-        dtypes=tuple(dtypes),
-    )
+    for key, listed in (("head_dims", head_dims), ("dtypes", dtypes)):
+        if len(set(listed)) != len(listed):
+            raise SpaceError(f"{where}: [family] {key} repeat: {listed}; list each once")
 
 
 def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str], macros: set[str]) -> Knob:
@@ -588,7 +598,7 @@ def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str],
         raise SpaceError(f"{kw}: values must fit a C int (at most {MAX_KNOB_VALUE} in size)")
     if len(set(values)) != len(values):
         raise SpaceError(f"{kw}: values repeat: {values}")
-    if isinstance(entry["default"], bool) or entry["default"] not in values:
+    if not _is_int(entry["default"]) or entry["default"] not in values:
         raise SpaceError(f"{kw}: default {entry['default']!r} is not one of the values {values}")
     if not isinstance(entry["help"], str):
         raise SpaceError(f"{kw}: help must be a string")
@@ -693,10 +703,10 @@ def _check_source(value: Any, where: str, root: Path) -> None:
 
 def _read_source(path: Path) -> bytes:
     """A kernel file's bytes, refused beyond ``MAX_SOURCE_BYTES``."""
-    with path.open("rb") as f:
-        data = f.read(MAX_SOURCE_BYTES + 1)
-    if len(data) > MAX_SOURCE_BYTES:
-        raise SpaceError(f"{printable(path, 200)}: larger than {MAX_SOURCE_BYTES} bytes; a kernel source cannot be")
+    try:
+        _, data = read_limited(path, MAX_SOURCE_BYTES, what="a kernel source file")
+    except FileContentError as e:
+        raise SpaceError(str(e)) from None
     return data
 
 
@@ -759,13 +769,20 @@ def _expr(text: Any, where: str, known: set[str]) -> Expr:
 def _check_message(message: Any, where: str, known: set[str]) -> None:
     if not isinstance(message, str) or not message:
         raise SpaceError(f"{where}: message must be a non-empty string")
-    fields = set(re.findall(r"{(\w+)", message))
-    if fields - known:
-        raise SpaceError(f"{where}: message uses unknown name(s) {', '.join(sorted(fields - known))}")
-    try:  # the values are integers: a field like {} or {x:q} would only fail once a config violates it
-        message.format(**{name: 0 for name in known})
-    except (IndexError, KeyError, ValueError) as e:
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(message)]
+    except ValueError as e:
         raise SpaceError(
-            f"{where}: message {message!r} is not a valid format string for integer values ({e}); "
-            "write names as {name}"
+            f"{where}: message {message!r:.120} is not a valid format string ({e}); write names as {{name}}"
         ) from None
+    for name, spec, conversion in fields:
+        if name is None:  # plain text (and {{ }}) after the last field
+            continue
+        # only {name}: a format spec ({x:1000000000}) or an attribute ({x.__class__}) would run on every violation
+        if spec or conversion or name not in known:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            why = "names no knob, derived value or problem value" if name not in known else "has a format"
+            raise SpaceError(
+                f"{where}: message {message!r:.120} is not a valid format string for a constraint: field "
+                f"{shown[:80]!r} {why}; write a value as {{name}}"
+            )

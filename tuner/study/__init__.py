@@ -71,8 +71,18 @@ from ._model import ModelError, ModelShapes, model_shapes, model_suite_text
 from ._optuna_storage import FlashtuneStorage, pop_waiting_trial_id, study_storage, trial_id_of
 from ._outcomes import finish, finish_duplicate, finished, stop_cleanly
 from ._secrets import mask_url, redact
-from ._storage import DEFAULT_STORAGE, StorageError, check_storage, error_reason, open_storage, reading, retrying
+from ._storage import (
+    DEFAULT_STORAGE,
+    StorageError,
+    check_storage,
+    error_reason,
+    open_storage,
+    reading,
+    retrying,
+    sqlite_files,
+)
 from ._suite import (
+    MAX_SUITE_PROBLEMS,
     Suite,
     SuiteError,
     SuiteStudy,
@@ -101,6 +111,7 @@ __all__ = [
     "KERNEL",
     "KNOB_ENCODING",
     "MADE_BY",
+    "MAX_SUITE_PROBLEMS",
     "MEASUREMENT",
     "OWNER",
     "PROBLEM",
@@ -167,6 +178,7 @@ __all__ = [
     "retrying",
     "select_studies",
     "space_digest",
+    "sqlite_files",
     "stop_cleanly",
     "study_problem",
     "study_storage",

@@ -30,6 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ..errors import warn
 from ._attributes import EXPLORATION, IS_DEFAULT, OWNER, REASON, REQUEUE_COUNT, REQUEUE_REASON, REQUEUED_FROM, STATUS
 from ._meta import StudyError, StudyMeta, TrialStatus
 from ._optuna_storage import enqueued_config, flashtune_storage, study_id_of, study_storage, trial_id_of
@@ -56,7 +57,7 @@ def _seconds_from_env(name: str, default: int) -> int:
     except (ValueError, OverflowError):  # "soon", "nan", "inf"
         value = 0
     if not 1 <= value <= 86400:
-        warnings.warn(f"{name}={text!r} is not a positive number of seconds; using {default}", stacklevel=2)
+        warn(f"{name}={text!r} is not a whole number of seconds from 1 to 86400; using {default}")
         return default
     return value
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import random
 import sqlite3
@@ -51,6 +52,7 @@ __all__ = [
     "open_storage",
     "reading",
     "retrying",
+    "sqlite_files",
 ]
 
 T = TypeVar("T")
@@ -126,15 +128,51 @@ def _sqlite_path(parsed: URL, url: str) -> Path:
             f"{mask_url(url)} is an in-memory SQLite database: every process would see its own, "
             "empty one; give a file, e.g. sqlite:///studies/flashtune.db"
         )
+    if parsed.query or database.startswith("file:"):
+        # a SQLite URI filename (file:...?uri=true, ?mode=, ?vfs=, ?immutable=) names another file than the
+        # path flashtune checks, and changes how it is opened: refused rather than resolved
+        raise StorageError(
+            f"{mask_url(url)}: SQLite URL options and file: URIs are not supported; give the database's "
+            "path, e.g. sqlite:///studies/flashtune.db or sqlite:////abs/path/flashtune.db"
+        )
     return Path(database)
 
 
-def _sqlite_tables(path: Path) -> dict[str, set[str]]:
-    """The tables of an existing SQLite file and their columns, read without writing anything (not even a
-    journal)."""
-    uri = path.absolute().as_uri() + "?mode=ro"  # as_uri quotes '#', '?' and '%': the path is the file's own
+#: seconds a command waits for a SQLite database another process holds locked (a backup, the sqlite3
+#: shell, another tuner's write), as long as the tuner waits for its write lock
+LOCK_WAIT_S = 60.0
+_SQLITE_READONLY_ROLLBACK = 776  # a read-only connection found a hot journal it may not roll back
+
+
+def _read_only_uri(path: Path) -> str:
+    """The URI that opens the SQLite file at ``path`` read-only (``as_uri`` quotes '#', '?' and '%')."""
+    return path.absolute().as_uri() + "?mode=ro"
+
+
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A read-only connection to the SQLite file ``path`` (the engine of a reading command makes its
+    connections here: it can neither create tables nor change a byte of the database)."""
+    return sqlite3.connect(_read_only_uri(Path(path)), uri=True, timeout=LOCK_WAIT_S, check_same_thread=False)
+
+
+def sqlite_files(url: str | None) -> tuple[Path, ...]:
+    """The files of a SQLite storage URL: the database and its ``-wal``, ``-journal`` and ``-shm`` beside it
+    (whether they exist or not); none for a database server or a URL that is no SQLite file."""
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        url, parsed, backend = _parse(url)
+        if backend != "sqlite":
+            return ()
+        path = _sqlite_path(parsed, url)
+    except StorageError:
+        return ()
+    return (path, *(Path(f"{path}{suffix}") for suffix in ("-wal", "-journal", "-shm")))
+
+
+def _sqlite_tables(path: Path, *, writable: bool = False) -> dict[str, set[str]]:
+    """The tables of an existing SQLite file and their columns, read without writing anything (not even a
+    journal); ``writable``: through a read-write connection, which rolls back a hot journal first."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=LOCK_WAIT_S) if writable else _connect_read_only(str(path))
         try:
             names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
             return {
@@ -144,7 +182,26 @@ def _sqlite_tables(path: Path) -> dict[str, set[str]]:
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
-        raise StorageError(f"{path} is not a SQLite database ({e}); choose another --storage") from None
+        raise _sqlite_failure(path, e) from None
+
+
+def _sqlite_failure(path: Path, e: sqlite3.DatabaseError) -> StorageError:
+    """What a failed look into a SQLite file means: locked by another process, a hot journal to roll
+    back, or not a SQLite database."""
+    shown = printable(path, limit=300)
+    name = getattr(e, "sqlite_errorname", "")
+    if name in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(e):
+        return StorageError(
+            f"{shown} is locked by another process (a backup, the sqlite3 shell, a tuner's long write) and "
+            f"stayed locked for {LOCK_WAIT_S:g} s; rerun once it lets go"
+        )
+    if getattr(e, "sqlite_errorcode", None) == _SQLITE_READONLY_ROLLBACK:
+        return StorageError(
+            f"{shown} has a hot journal ({shown}-journal: a writer stopped mid-transaction); the database "
+            "is intact but its next writer must roll the journal back: run `flashtune tune` on it (or "
+            f"`sqlite3 {shown} 'PRAGMA quick_check'`), then rerun"
+        )
+    return StorageError(f"{shown} is not a SQLite database ({e}); choose another --storage")
 
 
 def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> None:
@@ -168,7 +225,12 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
             size = None
     except OSError as e:
         raise StorageError(f"cannot use {shown}: {e.strerror or e}; choose another --storage") from None
-    columns = _sqlite_tables(path) if size else {}
+    try:
+        columns = _sqlite_tables(path, writable=create and not dry_run) if size else {}
+    except StorageError:
+        if dry_run and Path(f"{path}-journal").exists():
+            return  # a hot journal: the read-write open that follows rolls it back, then checks the tables
+        raise
     tables = set(columns)
     foreign = {t for t in tables - _optuna_tables() if not t.startswith("sqlite_")}
     # Optuna's tables with Optuna's columns but some tables still missing: another tuner is creating the
@@ -183,6 +245,7 @@ def _check_sqlite_file(path: Path, *, create: bool, dry_run: bool = False) -> No
     if not create:
         if not tables:
             raise StorageError(f"no study database at {shown} (the file holds no studies); {_NO_DATABASE}")
+        _require_complete(shown, tables, _sqlite_schema_rows(path) if tables >= _optuna_tables() else (0, 0))
         return
     if dry_run:
         _check_creatable(path, size)
@@ -231,16 +294,50 @@ def _check_creatable(path: Path, size: int | None) -> None:
         )
 
 
+def _require_complete(shown: str, tables: set[str], rows: tuple[int, int]) -> None:
+    """For commands that only read: refuse a database whose Optuna schema is incomplete (some tables, the
+    schema version or its revision missing), where opening it would make Optuna write the rest."""
+    missing = sorted(_optuna_tables() - tables)
+    if missing or not all(rows):
+        what = f"tables {', '.join(missing[:5])}" if missing else "its schema version"
+        raise StorageError(
+            f"{shown} lacks Optuna's {what} (an older Optuna made it, or its first run stopped early); "
+            "reading commands change nothing: `flashtune tune` on it completes the schema, then rerun"
+        )
+
+
+_SCHEMA_ROWS = "SELECT (SELECT count(*) FROM version_info), (SELECT count(*) FROM alembic_version)"
+
+
+def _sqlite_schema_rows(path: Path) -> tuple[int, int]:
+    """(rows of version_info, rows of alembic_version), with both tables there: Optuna writes them when empty."""
+    try:
+        conn = _connect_read_only(str(path))
+        try:
+            version, revision = conn.execute(_SCHEMA_ROWS).fetchone()
+            return version, revision
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise _sqlite_failure(path, e) from None
+
+
 def _require_schema(url: str, engine_kwargs: dict[str, Any]) -> None:
-    """For commands that only read a server database: refuse one without Optuna's tables rather than
-    letting Optuna create them."""
+    """For commands that only read a server database: refuse one without Optuna's complete schema rather
+    than letting Optuna create it."""
     engine = create_engine(url, **engine_kwargs)
     try:
         tables = set(inspect(engine).get_table_names())
+        if not tables >= _CORE_TABLES:
+            raise StorageError(f"no study database at {mask_url(url)} (it holds no Optuna tables); {_NO_DATABASE}")
+        rows = (0, 0)
+        if tables >= _optuna_tables():
+            with engine.connect() as conn:
+                version, revision = conn.exec_driver_sql(_SCHEMA_ROWS).one()
+                rows = (version, revision)
     finally:
         engine.dispose()
-    if not tables >= _CORE_TABLES:
-        raise StorageError(f"no study database at {mask_url(url)} (it holds no Optuna tables); {_NO_DATABASE}")
+    _require_complete(mask_url(url), tables, rows)
 
 
 # -- opening -----------------------------------------------------------------------------------
@@ -295,8 +392,24 @@ def _creation_race(e: BaseException) -> bool:
     )
 
 
+def _engine_kwargs(url: str, parsed: URL, backend: str, *, create: bool, read_only: bool) -> dict[str, Any]:
+    """The engine's arguments, a SQLite file checked first: its connections wait for the write lock
+    (heartbeats, other tuners), or are read-only for a reading command."""
+    if backend != "sqlite":
+        return {"pool_pre_ping": True}
+    path = _sqlite_path(parsed, url)
+    _check_sqlite_file(path, create=create)
+    if read_only:
+        return {"creator": functools.partial(_connect_read_only, str(path))}
+    return {"connect_args": {"timeout": LOCK_WAIT_S}}
+
+
 def open_storage(
-    url: str | None = None, *, create: bool = True, stale_trial_callback: StaleTrialCallback | None = None
+    url: str | None = None,
+    *,
+    create: bool = True,
+    read_only: bool | None = None,
+    stale_trial_callback: StaleTrialCallback | None = None,
 ) -> FlashtuneStorage:
     """Flashtune's Optuna RDB storage for ``url`` (default :data:`DEFAULT_STORAGE`), or a :class:`StorageError`.
 
@@ -306,13 +419,12 @@ def open_storage(
     or change anything: where no study database exists (a new path, an empty file, a server database
     without Optuna's tables) they get a :class:`StorageError` saying so. Opening a new database from
     several processes at once is safe: the one that loses the race to create the tables retries.
+    ``read_only`` (default: ``not create``): a SQLite database is opened read-only; ``create=False,
+    read_only=False`` opens an existing database to write to it (``flashtune worker``).
     """
+    read_only = not create if read_only is None else read_only
     url, parsed, backend = _parse(url)
-    if backend == "sqlite":
-        _check_sqlite_file(_sqlite_path(parsed, url), create=create)
-        engine_kwargs: dict = {"connect_args": {"timeout": 60}}  # wait for the write lock (heartbeats, other tuners)
-    else:
-        engine_kwargs = {"pool_pre_ping": True}
+    engine_kwargs = _engine_kwargs(url, parsed, backend, create=create, read_only=read_only)
     callback = stale_trial_callback or requeue_stale
     for attempt in range(1, 7):
         try:
@@ -323,6 +435,7 @@ def open_storage(
                 storage = FlashtuneStorage(
                     url,
                     engine_kwargs=engine_kwargs,
+                    skip_table_creation=not create,
                     heartbeat_interval=HEARTBEAT_INTERVAL_S,
                     grace_period=GRACE_PERIOD_S,
                     heartbeat_stale_trial_callback=callback,
@@ -335,11 +448,29 @@ def open_storage(
                 time.sleep(random.uniform(0.05, 0.2) * attempt)
                 continue
             raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
-        except (ImportError, ValueError, RuntimeError, OSError) as e:
+        except RuntimeError as e:
+            raise _schema_version_error(url, e) from None
+        except (ImportError, ValueError, OSError) as e:
             raise StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}") from None
-    if backend == "sqlite" and create:
+    if backend == "sqlite" and not read_only:
         _lock_sqlite_at_begin(storage.engine)
     return storage
+
+
+def _schema_version_error(url: str, e: RuntimeError) -> StorageError:
+    """Optuna's schema check in one line with the real URL: which side is older, and what to run."""
+    text = str(e)
+    if "optuna storage upgrade" in text:
+        return StorageError(
+            f"{mask_url(url)} holds an older Optuna schema than Optuna {optuna.__version__} reads; back the "
+            f"database up, then run `optuna storage upgrade --storage {mask_url(url)}` and rerun"
+        )
+    if "no longer compatible" in text:
+        return StorageError(
+            f"{mask_url(url)} was written by a newer Optuna than this one ({optuna.__version__}); upgrade "
+            "Optuna (pip install -U optuna) and rerun"
+        )
+    return StorageError(f"cannot open storage {mask_url(url)}: {error_reason(e)}")
 
 
 def _lock_sqlite_at_begin(engine: Engine) -> None:
@@ -382,6 +513,11 @@ def reading() -> Iterator[None]:
         _READ_ONLY.reset(token)
 
 
+def _deleted(e: KeyError) -> bool:
+    """Optuna's KeyError for a study or trial row that is no longer there."""
+    return bool(e.args) and isinstance(e.args[0], str) and "does not exist" in e.args[0]
+
+
 def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay_s: float = 1.0, log=None) -> T:
     """Run a storage operation; while the database is unreachable, retry with doubling delays.
 
@@ -394,6 +530,13 @@ def retrying(call: Callable[[], T], *, what: str, attempts: int = 6, first_delay
     for attempt in range(1, attempts + 1):
         try:
             return call()
+        except KeyError as e:
+            if not _deleted(e):
+                raise
+            raise StorageError(
+                f"the study is gone from the storage while {what}: someone deleted it (or its trial) while "
+                "this process ran; rerun the command to start it again"
+            ) from None
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             reason = error_reason(e)
             if not is_transient(e):

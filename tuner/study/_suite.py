@@ -27,14 +27,16 @@ Format (``studies/h200_sweep.toml`` is an example)::
 Problem keys: ``dtype``, ``head_dim``, ``causal``, ``batch`` or ``tokens``, ``seqlen``,
 ``seqlen_k``, ``heads``, ``kv_heads`` (the names of ``flashtune tune``'s options). In
 ``[grid]`` each may be a value or a list; ``[[problems]]`` entries take single values.
-Problems repeated by the grid and the list are tuned once.
+Problems repeated by the grid and the list are tuned once. A suite holds at most
+:data:`MAX_SUITE_PROBLEMS` problems (a grid is counted before it is expanded); its file is read as
+a regular file of at most 1 MiB.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
-import tomllib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from typing import Any
 import optuna
 
 from ..errors import FlashtuneError
+from ..files import FileContentError, read_toml
 from ..problem import Problem, ProblemError
 from ..space import SpaceError, load_space
 from ..text import printable
@@ -50,7 +53,11 @@ from ._meta import StudyError, StudyMeta, is_evaluated, winner
 from ._secrets import mask_url
 from ._storage import DEFAULT_STORAGE
 
+#: the most problems a suite may hold (grids counted before they are expanded)
+MAX_SUITE_PROBLEMS = 10_000
+
 __all__ = [
+    "MAX_SUITE_PROBLEMS",
     "Suite",
     "SuiteError",
     "SuiteStudy",
@@ -127,15 +134,9 @@ def load_suite(path: str | Path) -> Suite:
 def _read_toml(path: Path) -> dict[str, Any]:
     shown = printable(path, 200)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"{shown}: no such suite file") from None
-    except UnicodeDecodeError as e:
-        raise SuiteError(f"{shown}: not UTF-8 text (byte {e.start}); save the suite file as UTF-8") from None
-    except OSError as e:
-        raise SuiteError(f"{shown}: cannot read: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SuiteError(f"{shown}: not valid TOML: {e}") from None
+        return read_toml(path, what="the suite file")
+    except FileContentError as e:
+        raise SuiteError(f"{shown}: no such suite file" if e.missing else str(e)) from None
 
 
 def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
@@ -147,10 +148,16 @@ def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
         if not isinstance(grids, list) or not grids or not all(isinstance(g, dict) for g in grids):
             raise SuiteError(f"{path}: grid must be a table ([grid]) or an array of tables ([[grid]])")
         for i, g in enumerate(grids):
-            problems += _expand_grid(g, f"{path} [grid]" if isinstance(grid, dict) else f"{path} [[grid]] #{i + 1}")
+            where = f"{path} [grid]" if isinstance(grid, dict) else f"{path} [[grid]] #{i + 1}"
+            problems += _expand_grid(g, where, MAX_SUITE_PROBLEMS - len(problems))
     listed = data.get("problems", [])
     if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
         raise SuiteError(f"{path}: problems must be an array of tables ([[problems]])")
+    if len(problems) + len(listed) > MAX_SUITE_PROBLEMS:
+        raise SuiteError(
+            f"{path}: {len(problems) + len(listed):,} problems; a suite holds at most {MAX_SUITE_PROBLEMS:,} "
+            "(each is a study to tune): split it into smaller suites"
+        )
     for i, entry in enumerate(listed):
         where = f"{path} [[problems]] #{i + 1}"
         lists = [k for k, v in entry.items() if isinstance(v, list)]
@@ -163,12 +170,19 @@ def _suite_problems(data: Mapping[str, Any], path: Path) -> list[Problem]:
     return unique
 
 
-def _expand_grid(grid: Mapping[str, Any], where: str) -> list[Problem]:
+def _expand_grid(grid: Mapping[str, Any], where: str, room: int = MAX_SUITE_PROBLEMS) -> list[Problem]:
+    """The problems of one grid, counted before they are made: at most ``room`` of them."""
     keys = list(grid)
     axes = [v if isinstance(v, list) else [v] for v in grid.values()]
     empty = [k for k, a in zip(keys, axes) if not a]
     if empty:
         raise SuiteError(f"{where}: {', '.join(empty)} is an empty list")
+    count = math.prod(len(a) for a in axes)
+    if count > room:
+        raise SuiteError(
+            f"{where}: the grid makes {count:,} problems; a suite holds at most {MAX_SUITE_PROBLEMS:,} "
+            "(each is a study to tune): split it into smaller suites"
+        )
     return [_problem(dict(zip(keys, combo)), where) for combo in itertools.product(*axes)]
 
 
