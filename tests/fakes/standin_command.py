@@ -16,7 +16,7 @@ from tuner.cli._process import command_process
 
 def main(argv: list[str]) -> int:
     with command_process():
-        return _run("tune", argparse.Namespace(func=lambda _args: standin_tuner.main(argv)))
+        return _run("tune", argparse.Namespace(func=lambda _args: standin_tuner.main(argv), verbose=0, quiet=0))
 
 
 if __name__ == "__main__":
