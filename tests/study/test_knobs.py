@@ -97,7 +97,7 @@ def test_a_stored_study_made_before_the_encoding_resumes_with_categorical_knobs(
     copy = tmp_path / db.name
     shutil.copyfile(db, copy)
     url = f"sqlite:///{copy}"
-    storage = st.open_storage(url, create=False)
+    storage = st.open_storage(url, create=False, read_only=False)
     (summary,) = optuna.get_all_study_summaries(storage, include_best_trial=False)
     stored = optuna.load_study(study_name=summary.study_name, storage=storage)
     meta = st.StudyMeta.read(stored)

@@ -17,6 +17,7 @@ __all__ = [
     "noise_floor",
     "parse_config",
     "problem_from",
+    "resolve_family",
     "tune_settings",
 ]
 
@@ -115,3 +116,23 @@ def tune_settings(args: argparse.Namespace, n_trials: int | None):
         trial_timeout_s=args.trial_timeout,
         measure=MeasureSettings(seed=args.seed or 0),
     )
+
+
+def resolve_family(args: argparse.Namespace, problems, *, gpu: int | None = None, arch: int | None = None) -> str:
+    """``--family``, or for ``auto`` the family the rule picks (:func:`tuner.space.choose_family`, README
+    "Kernel families") for ``arch``, else ``--arch`` where the command has one, else GPU ``gpu`` (default 0)
+    as its driver reports it: the most specialised family that runs there and supports every problem."""
+    from ..space import AUTO_FAMILY, rank_families
+
+    if args.family != AUTO_FAMILY:
+        return args.family
+    arch = arch if arch is not None else getattr(args, "arch", None)
+    if arch is None:
+        from . import _gpus
+
+        arch = int(_gpus.infos([gpu or 0])[0]["arch"])
+    ranked = [s for s in rank_families(arch) if all(s.supports(p) is None for p in problems)]
+    if not ranked:
+        shapes = ", ".join(f"head dim {p.head_dim} {p.dtype}" for p in problems[:3])
+        raise UsageError(f"--family auto: no kernel family runs {shapes} on sm_{arch}; pass --family NAME")
+    return ranked[0].name

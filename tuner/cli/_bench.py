@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..run import default_compile_workers
 from ..text import printable
 from . import _gpus
-from ._args import explicit_problem_flags, parse_config, problem_from
+from ._args import explicit_problem_flags, parse_config, problem_from, resolve_family
 from ._outputs import guard
 
 __all__ = ["cmd_bench"]
@@ -19,7 +19,7 @@ __all__ = ["cmd_bench"]
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import run_bench, study_for_bench
-    from ..space import load_space
+    from ..space import AUTO_FAMILY, load_space
 
     if args.api:
         return _bench_api(args)
@@ -38,10 +38,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         family, problem, config = study_for_bench(args.study, args.storage)
         print(f"study {printable(args.study, 200)}: its winner on its own problem", file=sys.stderr)
     else:
-        family, problem = args.family, problem_from(args)
-        config = load_space(family).validate(parse_config(args.config), partial=True, head_dim=problem.head_dim)
+        family, problem, config = args.family, problem_from(args), parse_config(args.config)
+        _check_config_early(family, problem, config)
     worker, info = _gpus.start_worker(args.gpu)
     with worker:
+        if not args.study:
+            family = resolve_family(args, [problem], arch=int(info["arch"])) if family == AUTO_FAMILY else family
+            config = load_space(family).validate(config, partial=True, head_dim=problem.head_dim)
         run_bench(worker, info, family, problem, config=config, out=sys.stdout)
     return 0
 
@@ -111,3 +114,21 @@ def _bench_suite(args: argparse.Namespace) -> int:
     else:
         print(table, end="")
     return 0 if any(r.tflops for r in rows) else 1
+
+
+def _check_config_early(family: str, problem, config) -> None:
+    """``--config`` checked before a GPU starts: against the family, or for ``auto`` (which waits for the
+    GPU's arch) against each family that supports the problem, refused only where none takes it."""
+    from ..space import AUTO_FAMILY, SpaceError, available_families, load_space
+
+    names = [family] if family != AUTO_FAMILY else available_families()
+    spaces = [s for s in map(load_space, names) if family != AUTO_FAMILY or s.supports(problem) is None]
+    errors = []
+    for space in spaces:
+        try:
+            space.validate(config, partial=True, head_dim=problem.head_dim)
+            return
+        except SpaceError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]

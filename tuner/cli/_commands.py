@@ -8,6 +8,7 @@ A command raises :class:`~tuner.errors.FlashtuneError` (or a storage error) for 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -15,9 +16,10 @@ from ..devices import limits_for_arch
 from ..errors import UsageError
 from ..problem import Problem
 from ..progress import Progress, log
+from ..space import AUTO_FAMILY
 from ..text import printable
 from . import _gpus
-from ._args import check_printable_name, check_seed, noise_floor, problem_from, tune_settings
+from ._args import check_printable_name, check_seed, noise_floor, problem_from, resolve_family, tune_settings
 from ._outputs import guard
 
 __all__ = ["cmd_best", "cmd_check", "cmd_export", "cmd_replay", "cmd_report", "cmd_studies", "cmd_tune", "cmd_worker"]
@@ -37,8 +39,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.study is not None:
         check_printable_name(args.study)
     problem = problem_from(args)
+    gpus = _gpus.parse(args.gpus)
     spec = RunSpec(
-        family=args.family,
+        family=args.family,  # "auto" is resolved once the GPUs report their arch
         problem=problem,
         storage_url=args.storage,
         study_name=args.study or "",
@@ -48,11 +51,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         noise_floor=noise_floor(args),
     )
     space = _validate_early(spec)
-    gpus = _gpus.parse(args.gpus)
     # the GPU workers (all GPUs at once) start before anything is created in the storage; they tune and re-time
     with compile_processes(spec.settings) as pool, _gpus.open_all(gpus) as (workers, infos):
-        spec = prepare_study(spec, infos[0], space=space)
         info = infos[0]
+        if spec.family == AUTO_FAMILY:
+            spec = dataclasses.replace(spec, family=resolve_family(args, [problem], arch=int(info["arch"])))
+            space = _validate_early(spec)
+        spec = prepare_study(spec, info, space=space)
         print(
             f"study {printable(spec.study_name, 200)} in {mask_url(spec.storage_url)} on {len(gpus)} x "
             f"{printable(info['name'], 80)} (sm_{printable(info['arch'], 8)}, driver "
@@ -104,10 +109,18 @@ def _validate_early(spec):
     """Check what needs no GPU before starting one, so bad input fails fast and touches nothing (the study
     database is created once a GPU is found)."""
     from ..search import check_search
-    from ..space import load_space
+    from ..space import available_families, load_space
     from ..study import check_storage
 
-    space = load_space(spec.family)
+    if spec.family == AUTO_FAMILY:  # the GPU decides among the families that support the problem
+        fits = [s for s in map(load_space, available_families()) if s.supports(spec.problem) is None]
+        if not fits:
+            raise UsageError(
+                f"--family auto: no kernel family supports head dim {spec.problem.head_dim} {spec.problem.dtype}; pass --family"
+            )
+        space = fits[0]
+    else:
+        space = load_space(spec.family)
     unsupported = space.supports(spec.problem)
     if unsupported:
         raise UsageError(unsupported)
@@ -224,9 +237,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..space import load_space
 
     check_seed(args.seed)
+    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
+    args.family = resolve_family(args, [problem])
     arch = args.arch if args.arch is not None else load_space(args.family).family.min_arch
     device = limits_for_arch(arch)
-    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=args.head_dim, dtype=args.dtype, causal=args.causal)
     report = check_space(
         args.family, problem, device, samples=args.samples, jobs=args.jobs, seed=args.seed, out=sys.stdout
     )

@@ -10,27 +10,13 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..text import printable
-from ._args import explicit_problem_flags
+from . import _gpus
+from ._args import explicit_problem_flags, resolve_family
 
 __all__ = ["write_model_suite"]
 
 #: problem flags the model config decides (with --model they would be ignored, so they are refused)
 _FROM_THE_MODEL = ("--heads", "--kv-heads", "--head-dim", "--seqlen-k")
-
-
-def _family(args: argparse.Namespace, problems) -> str:
-    """``--family``, or for ``auto`` the rule's family on GPU 0 that runs every problem of the model."""
-    from ..space import AUTO_FAMILY, rank_families
-
-    if args.family != AUTO_FAMILY:
-        return args.family
-    from . import _gpus
-
-    arch = int(_gpus.infos(_gpus.parse(args.gpus))[0]["arch"])
-    ranked = [s for s in rank_families(arch) if all(s.supports(p) is None for p in problems)]
-    if not ranked:
-        raise UsageError(f"no kernel family runs every attention shape of this model on sm_{arch}; pass --family")
-    return ranked[0].name
 
 
 def _suite_path(args: argparse.Namespace, name: str) -> Path:
@@ -53,22 +39,22 @@ def _check_flags(args: argparse.Namespace) -> None:
 def write_model_suite(args: argparse.Namespace) -> str:
     """Read ``--model``, write its problems as a suite file (the same file again when rerun; another file
     of that name is never replaced) and return the file's path for ``tune --suite``."""
-    from ..files import check_output_path, write_text
+    from ..files import MAX_TEXT_BYTES, FileContentError, check_output_path, read_limited, write_text
     from ..study import DEFAULT_STORAGE, load_suite, mask_url, model_shapes, model_suite_text
 
     _check_flags(args)
     dtype = args.dtype if "--dtype" in explicit_problem_flags(args) else None
     seqlens = args.seqlens or (args.seqlen,)
     shapes = model_shapes(args.model, seqlens=seqlens, batch=args.batch, dtype=dtype, causal=args.causal or None)
-    family = _family(args, shapes.problems)
+    family = resolve_family(args, shapes.problems, gpu=_gpus.parse(args.gpus)[0])
     # the suite names its storage when one was given, unless the URL holds a password (kept out of files)
     storage = args.storage if args.storage != DEFAULT_STORAGE and mask_url(args.storage) == args.storage else None
     text = model_suite_text(family, shapes, str(args.model), storage)
     path = _suite_path(args, shapes.name)
     if path.exists():
         try:
-            same = path.read_text(encoding="utf-8") == text
-        except (OSError, UnicodeDecodeError):
+            same = read_limited(path, MAX_TEXT_BYTES, what="the model's suite file")[1] == text.encode()
+        except FileContentError:
             same = False
         if not same:
             raise UsageError(

@@ -80,13 +80,16 @@ def _family_help() -> str:
     from ..space import available_families
 
     families = ", ".join(available_families()) or "none installed"
-    return f"kernel family: {families} (search_spaces/<family>.toml, or a space file's path; default %(default)s)"
+    return (
+        f"kernel family: auto, {families} (search_spaces/<family>.toml, or a space file's path); default "
+        '%(default)s (auto: the most specialised family that runs on the GPU, README "Kernel families")'
+    )
 
 
-def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True) -> None:
+def _add_problem(p: argparse.ArgumentParser, *, shape: bool = True, family: str = "auto") -> None:
     g = p.add_argument_group("problem")
     actions = [
-        g.add_argument("--family", default="sm80", help=_family_help()),
+        g.add_argument("--family", default=family, help=_family_help()),
         g.add_argument("--dtype", default="fp16", help=f"{' or '.join(DTYPES)} (default %(default)s)"),
         g.add_argument("--head-dim", type=int, default=128, help="head dimension (default %(default)s)"),
         g.add_argument("--causal", action="store_true", help="causal masking (bottom-right aligned)"),
@@ -238,7 +241,7 @@ def _add_studies(sub) -> None:
 def _add_check(sub) -> None:
     """The options of ``flashtune check``."""
     p = sub.add_parser("check", help="compile a space without a GPU: static feasibility and ptxas resources")
-    _add_problem(p, shape=False)
+    _add_problem(p, shape=False, family="sm80")  # no GPU needed: the portable family
     p.add_argument(
         "--arch",
         type=int,

@@ -687,16 +687,14 @@ def _check_macro(macro: Any, where: str, macros: set[str]) -> None:
 def _check_source(value: Any, where: str, root: Path) -> None:
     """A kernel source path: relative to the kernel directory ``root`` and inside it (no "..", no link out of
     it), an existing file of bounded size."""
+    inside = "kernel_src/" if root == KERNEL_SRC else printable(root, 200)
     if not isinstance(value, str) or not _SOURCE.fullmatch(value) or ".." in value.split("/"):
         raise SpaceError(
-            f"{where} {value!r:.120} must be a relative path inside {printable(root, 200)} "
-            "(letters, digits, _ . - and /; no '..')"
+            f"{where} {value!r:.120} must be a relative path inside {inside} (letters, digits, _ . - and /; no '..')"
         )
     path = (root / value).resolve()
     if not path.is_relative_to(root.resolve()) or not path.is_file():
-        raise SpaceError(
-            f"{where} {value!r} is not a file under {printable(root, 200)} (a link out of it does not count)"
-        )
+        raise SpaceError(f"{where} {value!r} is not a file under {inside} (a link out of it does not count)")
     if path.stat().st_size > MAX_SOURCE_BYTES:
         raise SpaceError(f"{where} {value!r} is larger than {MAX_SOURCE_BYTES} bytes; a kernel source cannot be")
 
