@@ -10,6 +10,7 @@ import tuner.cli._commands
 import tuner.run
 from tests.fake_studies import A100_INFO, H200_INFO
 from tuner.cli import main
+from tuner.cli._args import problem_from
 from tuner.cli._parser import build_parser
 from tuner.problem import Problem
 from tuner.space import choose_family
@@ -55,15 +56,7 @@ def _tuned_family(monkeypatch, capsys, tmp_path, info, *flags) -> str:
 )
 def test_tune_with_no_family_tunes_the_family_the_rule_picks_for_the_gpu(monkeypatch, capsys, tmp_path, info, flags):
     args = build_parser().parse_args(["tune", *flags])
-    problem = Problem(
-        batch=args.batch,
-        seqlen_q=args.seqlen,
-        heads_q=args.heads,
-        head_dim=args.head_dim,
-        dtype=args.dtype,
-        causal=args.causal,
-    )
-    expected = choose_family(int(info["arch"]), problem).name
+    expected = choose_family(int(info["arch"]), problem_from(args)).name
     assert _tuned_family(monkeypatch, capsys, tmp_path, info, *flags) == expected
 
 
