@@ -65,22 +65,10 @@ SHAPES = {
 
 
 def _problem(flags: tuple[str, ...]):
-    from tuner.problem import Problem
+    from tuner.cli._args import problem_from
+    from tuner.cli._parser import build_parser
 
-    f = list(flags)
-
-    def value(flag: str, default=None):
-        return f[f.index(flag) + 1] if flag in f else default
-
-    return Problem(
-        batch=int(value("--batch")),
-        seqlen_q=int(value("--seqlen")),
-        heads_q=int(value("--heads")),
-        heads_kv=int(value("--kv-heads", value("--heads"))),
-        head_dim=int(value("--head-dim")),
-        dtype=value("--dtype"),
-        causal="--causal" in f,
-    )
+    return problem_from(build_parser().parse_args(["tune", *flags]))  # as flashtune tune reads them
 
 
 def tune(name: str, out: Path, seconds: float, workers: int) -> None:

@@ -69,22 +69,10 @@ class Sweep:
         return SPACES / f"{self.space}.toml"
 
     def problem(self):
-        from tuner.problem import Problem
+        from tuner.cli._args import problem_from
+        from tuner.cli._parser import build_parser
 
-        f = list(self.flags)
-
-        def value(flag: str, default=None):
-            return f[f.index(flag) + 1] if flag in f else default
-
-        return Problem(
-            batch=int(value("--batch")),
-            seqlen_q=int(value("--seqlen")),
-            heads_q=int(value("--heads")),
-            heads_kv=int(value("--kv-heads", value("--heads"))),
-            head_dim=int(value("--head-dim")),
-            dtype=value("--dtype"),
-            causal="--causal" in f,
-        )
+        return problem_from(build_parser().parse_args(["tune", *self.flags]))  # as flashtune tune reads them
 
 
 def _flags(
