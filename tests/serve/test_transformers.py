@@ -9,6 +9,8 @@ bit for bit; with the stand-in GPU (tests/fakes/standin_launch.py) the calls rea
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 
 import pytest
 
@@ -66,7 +68,7 @@ def test_the_name_is_registered_for_attention_and_masks():
     assert ATTN_IMPLEMENTATION == "tuner"  # no "flash" in it: transformers would import a FlashAttention build
     assert not is_flash_attention_requested(requested_attention_implementation=ATTN_IMPLEMENTATION)
     assert AttentionInterface._global_mapping["tuner"] is tuner.serve.flashtune_attention_forward
-    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["tuner"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["tuner"] is sys.modules["tuner.serve._transformers"].flashtune_mask
 
 
 @torch.no_grad()
@@ -117,10 +119,15 @@ def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypa
     tuner.serve.clear_cache()
 
 
-@pytest.mark.parametrize("build", ["llama", "vit"])
-def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypatch, build):
+@pytest.mark.parametrize(("build", "arch", "masks_built"), [("llama", 100, False), ("vit", 100, False),
+                                                            ("llama", 90, True), ("vit", 90, True)])  # fmt: skip
+def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypatch, build, arch, masks_built):
     """CPU tensors count as CUDA ones and the operator's kernel call is a float32 reference: Dynamo traces
-    the model, each layer's attention is one torch.ops.flashtune.attention node, and nothing breaks the graph."""
+    the model, each layer's attention is one torch.ops.flashtune.attention node, and nothing breaks the graph.
+    ``masks_built``: transformers as on PyTorch before 2.14, where it builds the causal mask while compiling
+    (its export check reads true): the "tuner" mask function still gives none, so no call falls back."""
+    import transformers.masking_utils as masking_utils
+
     import tuner.serve._torch_op as torch_op
     from tests.serve.test_torch_op import reference
 
@@ -131,8 +138,10 @@ def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypat
         return reference(*args)
 
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
-    monkeypatch.setitem(sd._arch, 0, 100)  # device 0 is an sm_100 GPU: the real (marked) lookup answers
+    monkeypatch.setitem(sd._arch, 0, arch)  # device 0 is an sm_<arch> GPU: the real (marked) lookup answers
     monkeypatch.setattr(torch_op, "_run", run)
+    if masks_built:
+        monkeypatch.setattr(masking_utils, "is_torchdynamo_exporting", lambda: True)
     tuner.serve.register_torch_op()
     torch._dynamo.reset()
     if build == "llama":
@@ -153,3 +162,38 @@ def test_torch_compile_traces_a_model_with_no_graph_break_in_attention(monkeypat
         assert sdpa_fallbacks() == {} and calls
     finally:
         torch._dynamo.reset()
+
+
+def test_the_mask_function_gives_no_mask_only_where_is_causal_says_it_all():
+    """flashtune_mask against transformers' sdpa_mask: None for the plain causal mask over as many keys as
+    queries and for the plain full mask, both without padding; the very mask of sdpa_mask otherwise."""
+    import transformers.masking_utils as mu
+
+    from tuner.serve._transformers import flashtune_mask
+
+    params = inspect.signature(mu.sdpa_mask).parameters
+
+    def call(q_length, kv_length, **kw):
+        args = {"batch_size": 2, "kv_length": kv_length, **kw}
+        if "q_length" in params:
+            args["q_length"] = q_length
+        else:
+            args["cache_position"] = torch.arange(kv_length - q_length, kv_length)
+        return flashtune_mask(**args), mu.sdpa_mask(**args)
+
+    assert call(64, 64)[0] is None
+    assert call(64, 64, mask_function=mu.bidirectional_mask_function, allow_is_bidirectional_skip=True)[0] is None
+    padding = torch.ones(2, 64, dtype=torch.bool)
+    padding[1, :5] = False
+    for case in (
+        {"attention_mask": padding},
+        {"local_size": 16},
+        {"allow_is_causal_skip": False},
+        {"mask_function": mu.and_masks(mu.causal_mask_function, mu.causal_mask_function), "allow_is_causal_skip": False},
+    ):
+        ours, theirs = call(64, 64, **case)
+        assert ours is not None and torch.equal(ours, theirs), case
+    ours, theirs = call(16, 64, allow_is_causal_skip=False)  # queries after 48 cached keys: not the plain mask
+    assert ours is not None and torch.equal(ours, theirs)
+    ours, theirs = call(16, 64)  # and where transformers decides itself, its decision
+    assert (ours is None) == (theirs is None) and (ours is None or torch.equal(ours, theirs))

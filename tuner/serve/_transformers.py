@@ -6,8 +6,10 @@ it (``is_flash_attention_requested``, transformers 4.5x-5.x), so ``"flashtune"``
 
 :func:`register_transformers` registers :func:`flashtune_attention_forward` with
 ``transformers.AttentionInterface`` under :data:`ATTN_IMPLEMENTATION`, and transformers' SDPA mask function
-under the same name with ``AttentionMaskInterface`` (so a model builds the masks it builds for
-``"sdpa"``: none where ``is_causal`` covers it). The function does what transformers' own
+under the same name with ``AttentionMaskInterface``, wrapped (:func:`flashtune_mask`): a model builds the
+masks it builds for ``"sdpa"``, and none where the mask is the plain causal or full one with no padding, also
+while ``torch.compile`` traces (transformers builds it there on PyTorch before 2.14, and a mask sends the call
+to PyTorch's SDPA). The function does what transformers' own
 ``sdpa_attention_forward`` does to decide ``is_causal`` and grouped-query attention, and runs
 :func:`tuner.sdpa` on the kernels; a call they cannot run (a padding mask, dropout, CPU tensors,
 training, ``softcap``, ``position_bias``: :data:`tuner.serve.FALLBACK_REASONS`) is handed to
@@ -17,12 +19,13 @@ training, ``softcap``, ``position_bias``: :data:`tuner.serve.FALLBACK_REASONS`) 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from ..space import AUTO_FAMILY
 from ._sdpa import _torch, count_fallback, kernel_refusal, sdpa
 
-__all__ = ["ATTN_IMPLEMENTATION", "flashtune_attention_forward", "register_transformers"]
+__all__ = ["ATTN_IMPLEMENTATION", "flashtune_attention_forward", "flashtune_mask", "register_transformers"]
 
 #: the ``attn_implementation`` name a model selects flashtune's kernels with (no "flash" in it: see above)
 ATTN_IMPLEMENTATION = "tuner"
@@ -66,15 +69,51 @@ def flashtune_attention_forward(
     return out.transpose(1, 2), None
 
 
+def flashtune_mask(*args: Any, **kwargs: Any):
+    """transformers' ``sdpa_mask`` for ``"tuner"``, but None (no mask: the kernels' own causal or full
+    attention) where the mask would only say what ``is_causal`` says: no padding mask, the unmodified causal
+    mask over as many keys as queries (offsets 0) or the unmodified full one, and skipping allowed.
+
+    transformers skips those masks itself, except while ``torch.compile`` traces on PyTorch before 2.14
+    (its export check reads true there): then every call would carry a mask and go to PyTorch's SDPA.
+    The rule needs no tensor's values (only Python ints, None and shapes), so it holds under tracing.
+    With the kernels' bottom-right causal alignment, what ``torch.export`` fixes at a traced shape stays right.
+    """
+    from transformers import masking_utils
+
+    sdpa_mask = masking_utils.sdpa_mask
+    try:
+        bound = inspect.signature(sdpa_mask).bind(*args, **kwargs)
+    except TypeError:
+        return sdpa_mask(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    if a.get("attention_mask") is not None or a.get("local_size") is not None:
+        return sdpa_mask(*args, **kwargs)
+    offsets_zero = all(isinstance(a.get(o, 0), int) and a.get(o, 0) == 0 for o in ("q_offset", "kv_offset"))
+    function = a.get("mask_function")
+    if function is getattr(masking_utils, "causal_mask_function", None) and a.get("allow_is_causal_skip"):
+        q_length = a["q_length"] if "q_length" in a else getattr(a.get("cache_position"), "shape", (None,))[0]
+        if offsets_zero and q_length is not None and q_length == a.get("kv_length"):
+            return None
+    if function is getattr(masking_utils, "bidirectional_mask_function", None) and a.get(
+        "allow_is_bidirectional_skip", a.get("allow_is_causal_skip")
+    ):
+        if offsets_zero:
+            return None
+    return sdpa_mask(*args, **kwargs)
+
+
 @functools.cache
 def register_transformers() -> bool:
     """Register ``attn_implementation="tuner"`` (once; later calls only answer). False where transformers
     has no ``AttentionInterface`` (before 4.48)."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: F401 (present)
     except ImportError:
         return False
+    _torch()  # marks the host lookups for torch.compile before any model is traced
     AttentionInterface.register(ATTN_IMPLEMENTATION, flashtune_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flashtune_mask)
     return True
