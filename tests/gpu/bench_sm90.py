@@ -102,7 +102,10 @@ def log(message: str) -> None:
 
 
 def time_left() -> float:
-    return DEADLINE_S - (time.perf_counter() - _T0)
+    return _DEADLINE[0] - (time.perf_counter() - _T0)
+
+
+_DEADLINE = [DEADLINE_S]  # --deadline replaces it
 
 
 def make_problem(shape: tuple) -> Problem:
@@ -150,9 +153,24 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         "ctas2_persistent": {"persistent": 1, **ctas2},
         "ctas2_kv1": {"kv_barriers": 1, **ctas2},
     }
+    v.update(
+        {  # knobs of issue 18 (an older tree without them reports them as invalid)
+            "dynamic": {"persistent": 1, "scheduler": 1},
+            "dynamic_kv3": {"persistent": 1, "scheduler": 1, "kv_stages": 3},
+            "dynamic_bn176": {"persistent": 1, "scheduler": 1, "block_n": 176},
+            "dynamic_bn192": {"persistent": 1, "scheduler": 1, "block_n": 192},
+            "exp2_packed": {"exp2_packed": 1},
+            "exp2_packed_persistent": {"persistent": 1, "exp2_packed": 1},
+            "exp2_packed_dynamic": {"persistent": 1, "scheduler": 1, "exp2_packed": 1},
+            "one_per_block_bn192": {"block_n": 192},
+            "one_per_block_bn176": {"block_n": 176},
+        }
+    )
     if head_dim == 64:
         v.update(
             {
+                "exp2_packed_wgs3": {"exp2_packed": 1, **wgs3},
+                "exp2_packed_bn192": {"exp2_packed": 1, "block_n": 192},
                 "poly2": {"poly_exp": 2},
                 "poly4": {"poly_exp": 4},
                 "wgs3_poly2": {"poly_exp": 2, **wgs3},
@@ -177,6 +195,8 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
     chosen, skipped, seen = [], [], set()
     defaults = space.defaults(problem.head_dim)
     for name, partial in variants(problem.head_dim, quick).items():
+        if _ONLY and name not in _ONLY and name != "default":
+            continue
         try:
             config = space.validate(partial, partial=True, head_dim=problem.head_dim)
         except ValueError as e:
@@ -192,6 +212,10 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
         seen.add(key)
         chosen.append({"name": name, "config": config, "diff": {k: v for k, v in config.items() if defaults[k] != v}})
     return chosen, skipped
+
+
+_NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
+_ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 
 
 def diff_text(diff: dict[str, int]) -> str:
@@ -729,7 +753,8 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
     metrics = tensor_metrics(ncu)
     log(f"ncu: {ncu}; tensor metrics: {metrics or 'none known'}")
     records = []
-    targets = [p for p in plans if tuple(p["shape"]) in map(tuple, NCU_SHAPES[: 1 if quick else 2])]
+    wanted = _NCU_SLUGS or {make_problem(s).slug() for s in NCU_SHAPES[: 1 if quick else 2]}
+    targets = [p for p in plans if p["slug"] in wanted]
     for plan in targets:
         left = time_left()
         if left < 25:
@@ -864,6 +889,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 shapes, few configs, 1 ncu run")
     parser.add_argument("--no-ncu", action="store_true", help="skip the ncu stage")
     parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--suite", help="the problems of this suite file instead of the built-in shapes")
+    parser.add_argument("--variants", help="comma-separated variant names to time beside the default (default: all)")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help=f"seconds for everything ({DEADLINE_S:.0f})")
+    parser.add_argument("--ncu-shape", action="append", default=[], help="slug of a shape to profile (repeatable)")
     parser.add_argument("--ncu-run", help=argparse.SUPPRESS)  # internal: the process ncu profiles
     args = parser.parse_args(argv)
     if args.ncu_run:
@@ -876,8 +905,16 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.run import Worker, WorkerError
 
     space = load_space("sm90")
-    shapes = QUICK_SHAPES if args.quick else SHAPES
-    plans = [{"shape": list(s), "problem": make_problem(s), "slug": make_problem(s).slug()} for s in shapes]
+    _DEADLINE[0] = args.deadline
+    _ONLY.update(n for n in (args.variants or "").split(",") if n)
+    _NCU_SLUGS.update(args.ncu_shape)
+    if args.suite:
+        from tuner.study import load_suite  # reads the suite file only (no storage is opened)
+
+        problems = list(load_suite(args.suite).problems)
+    else:
+        problems = [make_problem(s) for s in (QUICK_SHAPES if args.quick else SHAPES)]
+    plans = [{"shape": p.slug(), "problem": p, "slug": p.slug()} for p in problems]
     gemm: dict | None = None
     info: dict = {}
     log(f"bench_sm90: {len(plans)} shapes, python {sys.version.split()[0]}, out {out}")
