@@ -428,6 +428,27 @@ MALFORMED = {
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_arch = 32'),
         ["[knobs.block_n]", "default_by_arch must be a table"],
     ),
+    "default_rule_reads_a_knob": (
+        lambda t: t + '\n[[defaults]]\nwhen = "block_m == 64"\nset = { stages = 3 }\nhelp = "h"\n',
+        ["[[defaults]] #1", "block_m", "problem and the device only"],
+    ),
+    "default_rule_sets_no_knob": (
+        lambda t: t + '\n[[defaults]]\nwhen = "causal"\nset = { depth = 3 }\nhelp = "h"\n',
+        ["[[defaults]] #1", "'depth'", "not a knob"],
+    ),
+    "default_rule_value_not_allowed": (
+        lambda t: t + '\n[[defaults]]\nwhen = "causal"\nset = { stages = 5 }\nhelp = "h"\n',
+        ["[[defaults]] #1", "stages = 5", "values"],
+    ),
+    "default_rule_without_help": (
+        lambda t: t + '\n[[defaults]]\nwhen = "causal"\nset = { stages = 3 }\nhelp = " "\n',
+        ["[[defaults]] #1", "help"],
+    ),
+    "default_rule_bad_expression": (
+        lambda t: t + '\n[[defaults]]\nwhen = "causal and"\nset = { stages = 3 }\nhelp = "h"\n',
+        ["[[defaults]] #1", "when"],
+    ),
+    "defaults_not_an_array": (lambda t: t + '\n[defaults]\nwhen = "causal"\n', ["defaults must be an array"]),
     "invalid_toml": (lambda t: t + "\n[knobs.x\n", ["TOML"]),
     "name_not_stem": (lambda t: _replace(t, 'name = "toy"', 'name = "toy2"'), ["toy2", "toy"]),
     "source_missing": (
@@ -539,6 +560,29 @@ def test_an_arch_can_have_its_own_default_from_that_arch_on(tmp_path):
     assert space.defaults(64, 100) == space.defaults(128, 103) == {**plain, "block_n": 32}  # the arch's wins
     assert space.defaults(64, 120)["block_n"] == 128  # the highest key at or below the arch
     assert space.knob("block_n").default_for(None, 110) == 32
+
+
+def test_default_rules_apply_in_order_for_the_problem_and_device_only(tmp_path, sm80):
+    """[[defaults]]: where a rule's condition on the problem and the device holds, its knobs default to its
+    values (a later rule wins); without a problem and a device the plain defaults stay."""
+    text = toy_space_text() + (
+        '\n[[defaults]]\nwhen = "causal and seqlen_q >= 4096"\nset = { stages = 3, block_n = 128 }\nhelp = "long causal"\n'
+        '\n[[defaults]]\nwhen = "ceil_div(seqlen_q, 64) * heads_q * batch < num_sms"\nset = { block_m = 32 }\n'
+        'help = "fewer query blocks than SMs: smaller ones"\n'
+        '\n[[defaults]]\nwhen = "causal and seqlen_q >= 16384"\nset = { block_n = 32 }\nhelp = "later wins"\n'
+    )
+    space = load_space(_write(tmp_path, text))
+    plain = space.defaults(64)
+    assert [r.help for r in space.default_rules] == ["long causal", "fewer query blocks than SMs: smaller ones", "later wins"]
+
+    def default(**kw):
+        return space.defaults(problem=Problem(**{"batch": 4, "heads_q": 16, "head_dim": 64, **kw}), device=sm80)
+
+    assert default(seqlen_q=2048, causal=True) == plain
+    assert default(seqlen_q=4096, causal=True) == {**plain, "stages": 3, "block_n": 128}
+    assert default(seqlen_q=16384, causal=True) == {**plain, "stages": 3, "block_n": 32}
+    assert default(seqlen_q=64, batch=1) == {**plain, "block_m": 32}  # 16 query blocks, 108 SMs
+    assert space.defaults(64, 80) == plain  # no problem, no rule
 
 
 def test_knob_lookup(toy_space):
@@ -656,3 +700,28 @@ def test_config_key_is_stable_across_processes():
         cwd=Path(__file__).resolve().parents[2],
     )
     assert out.stdout.strip() == config_key({"block_m": 64, "block_n": 32})
+
+
+@pytest.mark.parametrize("family", family_params())
+def test_the_default_of_every_problem_is_feasible(family):
+    """The default a study starts from (head dim, arch and [[defaults]] rules for the problem and device) passes
+    the static check, for problems across batch, lengths, head counts, GQA, masks and dtypes."""
+    import random
+
+    space = load_space(family)
+    rng = random.Random(7)
+    for arch in supported_archs(space):
+        device = limits_for_arch(arch)
+        for _ in range(150):
+            heads = rng.choice([1, 8, 12, 16, 20, 24, 28, 32, 64])
+            problem = Problem(
+                batch=rng.choice([1, 2, 4, 8, 32, 128]),
+                seqlen_q=rng.choice([1, 77, 257, 512, 577, 1500, 2048, 4096, 4429, 8192, 16384]),
+                heads_q=heads,
+                heads_kv=rng.choice([d for d in (1, 2, 4, 8, heads) if heads % d == 0]),
+                head_dim=rng.choice(space.family.head_dims),
+                dtype=rng.choice(space.family.dtypes),
+                causal=rng.random() < 0.5,
+            )
+            config = space.defaults(problem=problem, device=device)
+            assert space.check(config, problem, device) is None, (problem, config)

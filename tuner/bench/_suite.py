@@ -116,14 +116,12 @@ def _time(
     return result.tflops, ""
 
 
-def _ablations(space: Space, row: BenchRow) -> dict[str, dict[str, int]]:
-    """The winner with each tuned knob put back to its default, by knob."""
-    out = {}
-    for knob in space.knobs:
-        default = knob.default_for(row.problem.head_dim)
-        if row.config[knob.name] != default:
-            out[knob.name] = {**row.config, knob.name: default}
-    return out
+def _ablations(space: Space, row: BenchRow, device: DeviceLimits) -> dict[str, dict[str, int]]:
+    """The winner with each tuned knob put back to its default (the problem's on this device), by knob."""
+    defaults = space.defaults(problem=row.problem, device=device)
+    return {
+        name: {**row.config, name: default} for name, default in defaults.items() if row.config[name] != default
+    }
 
 
 def _warm(
@@ -198,7 +196,7 @@ def _compile_up_front(
         (variant, row.problem)
         for row in rows
         if row.config
-        for variant in [row.config, *(_ablations(space, row) if ablate else {}).values()]
+        for variant in [row.config, *(_ablations(space, row, device) if ablate else {}).values()]
         if space.check(variant, row.problem, device) is None
     ]
     with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
@@ -218,7 +216,7 @@ def _measure_row(
     if row.config:
         row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
         if ablate and row.tflops:
-            for name, variant in _ablations(space, row).items():
+            for name, variant in _ablations(space, row, device).items():
                 row.ablations[name], _ = _time(
                     worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
                 )

@@ -105,7 +105,7 @@ def check_space(
     report = CheckReport(space)
     _validate_arguments(space, problem, device, samples, jobs)
     rng = random.Random(seed)
-    default = space.defaults(problem.head_dim, device.arch)
+    default = space.defaults(problem=problem, device=device)
     candidates, exhaustive = static_candidates(space, default, rng)
     if samples == 0 and not exhaustive:
         raise UsageError(

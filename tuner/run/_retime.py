@@ -155,7 +155,7 @@ def retime_top(
     samples, rejected = _rounds(jobs, measure, rounds, seed)
     if not samples:
         return None
-    default_key = config_key(space.defaults(problem.head_dim, device.arch))
+    default_key = config_key(space.defaults(problem=problem, device=device))
     comparisons = _comparisons(samples, default_key, noise_floor, seed)
     entry = _winner_entry(study, problem, candidates, samples, default_key, comparisons, noise_floor)
     entry["rejected"] = [

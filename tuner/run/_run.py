@@ -205,7 +205,7 @@ def warm_start_configs(
             continue
         candidates.append((distance(other), summary.study_name))
     chosen: list[tuple[str, Config]] = []
-    default = space.defaults(problem.head_dim, device.arch)
+    default = space.defaults(problem=problem, device=device)
     for _, name in sorted(candidates):
         try:
             won = st.winner(optuna.load_study(study_name=name, storage=storage))

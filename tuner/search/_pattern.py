@@ -123,7 +123,7 @@ class PatternSearch(Search):
         rivalry: float = RIVALRY,
     ) -> None:
         super().__init__(space, problem, device, seed)
-        self.start = space.defaults(problem.head_dim, device.arch)
+        self.start = space.defaults(problem=problem, device=device)
         self.level_penalty = level_penalty
         self.bo_share = bo_share
         self.rivalry = rivalry

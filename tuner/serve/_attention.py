@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..devices import DeviceLimits
 from ..errors import FlashtuneError
 from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, header_family, parse_header
 from ..files import FileContentError, read_content
@@ -200,16 +201,16 @@ def _chosen_config(
     config_key: tuple,
     tuned: TunedConfigs | None,
     problem: Problem,
-    arch: int,
+    device: DeviceLimits,
 ) -> Config:
     kind = config_key[0]
     if kind == "defaults":
-        return space.defaults(problem.head_dim, arch)
-    if kind == "knobs":
-        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim, arch=arch)
+        return space.defaults(problem=problem, device=device)
+    if kind == "knobs":  # knobs left out: the head dim's and arch's defaults (a rule's would not fit the given ones)
+        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim, arch=device.arch)
     if kind == "auto":
         try:
-            config, why_default = tuned.lookup(space, problem, arch)
+            config, why_default = tuned.lookup(space, problem, device.arch, device)
         except TunedError as e:
             raise AttentionError(str(e)) from None
         if why_default:  # never a silent downgrade: once per plan (plans are built once per key)
@@ -387,7 +388,7 @@ def _build_plan(key: tuple, q, k, v, dtypes: tuple[str, str, str], causal: bool,
             reason = space.supports(problem)
             if reason:
                 raise AttentionError(reason)
-            chosen = _chosen_config(space, space_key, config_key, tuned, problem, device.arch)
+            chosen = _chosen_config(space, space_key, config_key, tuned, problem, device)
             reason = space.check(chosen, problem, device)
             if reason:
                 raise AttentionError(f"config {chosen} cannot run this problem on {device.name}: {reason}")

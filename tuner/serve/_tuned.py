@@ -41,6 +41,7 @@ from ..errors import FlashtuneError
 from ..export import JSON_FORMAT, DispatchTable, TableError, table_from_json
 from ..files import FileContentError, read_content
 from ..problem import Problem
+from ..devices import DeviceLimits
 from ..space import Config, ConfigError, Space
 
 __all__ = [
@@ -76,7 +77,9 @@ class TunedConfigs:
         """The config a dispatch header's ``select()`` gives ``problem``, checked against today's ``space``."""
         return self.lookup(space, problem)[0]
 
-    def lookup(self, space: Space, problem: Problem, arch: int | None = None) -> tuple[Config, str | None]:
+    def lookup(
+        self, space: Space, problem: Problem, arch: int | None = None, device: DeviceLimits | None = None
+    ) -> tuple[Config, str | None]:
         """(config, None) for a tuned entry; (the family default, why) where the table has none for the
         problem's (dtype, head dim, mask): the table's, unless the space gives the device's ``arch`` a default
         of its own. A user's table without ``space``'s family raises :class:`TunedError`."""
@@ -87,7 +90,7 @@ class TunedConfigs:
                     f"{self.source} holds {', '.join(sorted(self.tables))} configs, not {space.name}: leave "
                     f'family= out ("auto" picks the table\'s family) or tune {space.name} and export it'
                 )
-            return space.defaults(problem.head_dim, arch), (
+            return space.defaults(problem.head_dim, arch, problem=problem, device=device), (
                 f"{self.source} holds no {space.name} configs; the {space.name} default config serves "
                 f"{_bucket(problem)}"
             )
@@ -107,7 +110,9 @@ class TunedConfigs:
             ) from None
         if table.covers(problem.dtype, problem.head_dim, bool(problem.causal)):
             return config, None
-        if space.defaults(problem.head_dim, arch) != space.defaults(problem.head_dim):
+        if device is not None:  # the problem's default on this device (its arch's, its [[defaults]] rules)
+            config = space.defaults(problem=problem, device=device)
+        elif space.defaults(problem.head_dim, arch) != space.defaults(problem.head_dim):
             config = space.defaults(problem.head_dim, arch)  # the plain default does not build well there
         return config, (
             f"{self.source} has no tuned {space.name} config for {_bucket(problem)}; the family default serves it"

@@ -120,6 +120,16 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class DefaultRule:
+    """``[[defaults]]``: where ``when`` (over the problem and the device only) holds, these knobs default to
+    these values instead (rules apply in file order; a later one wins a knob both set)."""
+
+    when: Expr
+    values: tuple[tuple[str, int], ...]
+    help: str
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     description: str
@@ -153,6 +163,7 @@ class Space:
     path: Path
     launch_abi: tuple[tuple[str, Expr], ...] = ()
     root: Path = KERNEL_SRC  # the kernel directory the family's sources are relative to (also nvcc's -I)
+    default_rules: tuple[DefaultRule, ...] = ()
     _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -169,10 +180,29 @@ class Space:
         except KeyError:
             raise ConfigError(f"{self.name}: unknown knob {name!r}; knobs are {', '.join(self._by_name)}") from None
 
-    def defaults(self, head_dim: int | None = None, arch: int | None = None) -> Config:
+    def defaults(
+        self,
+        head_dim: int | None = None,
+        arch: int | None = None,
+        *,
+        problem: Problem | None = None,
+        device: DeviceLimits | None = None,
+    ) -> Config:
         """The default config; for ``head_dim`` and a device of ``arch``, with the space file's
-        ``default_by_head_dim`` and ``default_by_arch`` applied."""
-        return {k.name: k.default_for(head_dim, arch) for k in self.knobs}
+        ``default_by_head_dim`` and ``default_by_arch`` applied. Given a ``problem`` and a ``device``
+        (their head dim and arch then), also the ``[[defaults]]`` rules that hold for them: the default
+        of that problem on that device, which a study starts from and a winner is compared with."""
+        if problem is not None:
+            head_dim = problem.head_dim
+        if device is not None:
+            arch = device.arch
+        config = {k.name: k.default_for(head_dim, arch) for k in self.knobs}
+        if problem is not None and device is not None and self.default_rules:
+            env = {**device.env(), **problem.env()}
+            for rule in self.default_rules:
+                if rule.when(env):
+                    config.update(rule.values)
+        return config
 
     def size(self) -> int:
         """Number of points in the full grid (before constraints)."""
@@ -472,7 +502,7 @@ def _keys(entry: Mapping[str, Any], where: str, required: set[str], optional: se
 
 def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
     where = str(path)
-    _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints"})
+    _keys(data, where, {"family", "launch", "knobs"}, {"derived", "constraints", "defaults"})
     family = _parse_family(_table(data, "family", where), path, root)
     macros: set[str] = set()  # knob and derived macros so far (the problem's and the device's are reserved)
     known: set[str] = set(PROBLEM_NAMES | DEVICE_NAMES)  # grows by each knob and derived value, in file order
@@ -492,6 +522,7 @@ def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
         for name, entry in _table(data, "constraints", where, required=False).items()
     ]
     threads, smem_bytes, grid, launch_abi = _parse_launch(_table(data, "launch", where), where, known)
+    rules = _parse_default_rules(data.get("defaults", []), where, knobs)
     _check_macros_are_read(
         family,
         root,
@@ -510,7 +541,44 @@ def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
         path=path,
         launch_abi=launch_abi,
         root=root,
+        default_rules=rules,
     )
+
+
+def _parse_default_rules(entries: Any, where: str, knobs: list[Knob]) -> tuple[DefaultRule, ...]:
+    """``[[defaults]]``: each a ``when`` over problem and device names, a ``set`` table of knob values, a ``help``."""
+    if not isinstance(entries, list):
+        raise SpaceError(f"{where}: defaults must be an array of tables ([[defaults]])")
+    by_name = {k.name: k for k in knobs}
+    rules = []
+    for i, entry in enumerate(entries, 1):
+        kw = f"{where} [[defaults]] #{i}"
+        _keys(entry, kw, {"when", "set", "help"})
+        if not isinstance(entry["help"], str) or not entry["help"].strip():
+            raise SpaceError(f"{kw}: help must say why the rule holds (a non-empty string)")
+        try:
+            when = compile_expr(entry["when"])
+        except ExprError as e:
+            raise SpaceError(f"{kw}: when: {e}") from None
+        outside = sorted(when.names - PROBLEM_NAMES - DEVICE_NAMES)
+        if outside:
+            raise SpaceError(
+                f"{kw}: when {entry['when']!r} reads {', '.join(outside)}; a default depends on the problem and "
+                f"the device only ({', '.join(sorted(PROBLEM_NAMES | DEVICE_NAMES))})"
+            )
+        chosen = entry["set"]
+        if not isinstance(chosen, dict) or not chosen:
+            raise SpaceError(f"{kw}: set must be a table of knob = value, e.g. {{ consumer_wgs = 2 }}")
+        values = []
+        for name, value in chosen.items():
+            knob = by_name.get(name)
+            if knob is None:
+                raise SpaceError(f"{kw}: set names {name!r}, which is not a knob; knobs are {', '.join(by_name)}")
+            if isinstance(value, bool) or value not in knob.values:
+                raise SpaceError(f"{kw}: set {name} = {value!r} is not one of the values {list(knob.values)}")
+            values.append((name, int(value)))
+        rules.append(DefaultRule(when=when, values=tuple(values), help=entry["help"].strip()))
+    return tuple(rules)
 
 
 def _parse_family(fam: dict[str, Any], path: Path, root: Path) -> Family:

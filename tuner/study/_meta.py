@@ -288,6 +288,16 @@ def space_digest(space: Space) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _study_default(space: Space, problem: Problem, gpu: Mapping[str, Any]) -> dict[str, int]:
+    """The default config a new study of ``problem`` on the GPU ``gpu`` describes starts from (the space's
+    ``[[defaults]]`` rules need the device's limits; GPU information without them gets the arch's default)."""
+    try:
+        device = DeviceLimits.from_info(gpu)
+    except (KeyError, TypeError, ValueError):
+        return space.defaults(problem.head_dim, _arch(gpu))
+    return space.defaults(problem=problem, device=device)
+
+
 def _arch(gpu: Mapping[str, Any]) -> int | None:
     """The compute capability (x10) a study's GPU information names, or None."""
     arch = gpu.get("arch")
@@ -358,7 +368,7 @@ def open_study(
             study.set_user_attr(SPACE_DIGEST, space_digest(space))
             study.set_user_attr(KERNEL, kernel_attrs(space))
             _name_for_optuna_tools(study)
-            study.enqueue_trial(space.defaults(problem.head_dim, _arch(gpu)), user_attrs={IS_DEFAULT: True})
+            study.enqueue_trial(_study_default(space, problem, gpu), user_attrs={IS_DEFAULT: True})
             study.set_user_attr(MADE_BY, {"version": __version__, "schema": SCHEMA_VERSION})  # last: complete
             return study
         _stored_meta(storage, name, study_id).check_resumable(space, problem, gpu)
@@ -572,7 +582,7 @@ def choose(study: optuna.Study) -> ChosenConfig:
         measured_on=str(best["date"]) if best.get("date") else None,
         made_by=meta.version,
         latency_ms=_finite(best.get("latency_ms")),
-        is_default=config == space.defaults(meta.problem.head_dim, device.arch),
+        is_default=config == space.defaults(problem=meta.problem, device=device),
         **_verdict_fields(best),
     )
 
