@@ -198,12 +198,13 @@ struct Consumer {
   }
 
   // Runs the whole loop over the key blocks of one work unit; o is zero on entry. It first waits
-  // for the unit's Q stage: Q landed (a unit without key blocks: the stage handed over unloaded),
-  // after which this warpgroup may also stage its O there (FT_SCHEDULER=1: consumer_unit waited). `held`: the previous unit's stage,
-  // released to the producer after this unit's first S GEMM (else in the epilogue).
+  // for the unit's Q stage (FT_SCHEDULER=1: consumer_unit has): Q landed (a unit without key blocks:
+  // the stage handed over unloaded), after which this warpgroup may also stage its O there. `held`:
+  // the previous unit's stage, released to the producer after this unit's first S GEMM (else in the
+  // epilogue).
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                       HeldQStage& held) const {
-    if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);  // dynamic: waited for to read the unit
+    if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);
     if (blk.n_block_max <= 0) return;
     const int n_first = skip_masked_blocks(st) - 1;
     if (n_first < 0) return;  // this warpgroup's rows see no key: O = 0, LSE = -inf
