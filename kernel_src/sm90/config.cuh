@@ -62,6 +62,9 @@
 #ifndef FT_CTAS_PER_SM
 #define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
 #endif
+#ifndef FT_SCHEDULER
+#define FT_SCHEDULER 0  // order of a persistent CTA's units: 0 static snake, 1 dynamic (global atomic counter)
+#endif
 
 // ---- device limits -----------------------------------------------------------------------
 // The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
@@ -111,6 +114,7 @@ constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr int kClusterCtas = FT_CTA_MODE;
 constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kCtasPerSm = FT_CTAS_PER_SM;
+constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
@@ -159,5 +163,9 @@ static_assert(kSmemBytes <= kSmemOptin,
 static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
 static_assert(kCtasPerSm * (kSmemBytes + kSmemReservedPerBlock) <= kSmemPerSm,
               "ctas_per_sm CTAs do not fit the SM's shared memory FT_SMEM_PER_SM (smem_per_sm_fits)");
+static_assert(FT_SCHEDULER == 0 || FT_SCHEDULER == 1, "scheduler: 0 (static snake) or 1 (dynamic)");
+static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders the units of persistent CTAs");
+static_assert(!kDynamicScheduler || kClusterCtas == 1,
+              "scheduler=1 (dynamic) needs cta_mode=1: a cluster would have to share each fetched unit over DSMEM");
 
 }  // namespace ft_sm90

@@ -5,8 +5,8 @@
 // setmaxnreg; kCtasPerSm CTAs share an SM. Work units and their order: tile_scheduler.cuh (one
 // per CTA, or a persistent loop with two Q stages). With FT_CTA_MODE=2 the CTAs come in clusters
 // of two along the query blocks and each loads half of every K/V tile for both. Semantics:
-// kernel_src/README.md; ABI sm90_tma: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
-// LSE as a pointer.
+// kernel_src/README.md; ABI sm90_tma_sched: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
+// LSE as a pointer, and the dynamic scheduler's zeroed counter (FT_SCHEDULER=1; null and unread otherwise).
 #include "sm90/block_info.cuh"
 #include "sm90/config.cuh"
 #include "sm90/epilogue.cuh"
@@ -31,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
     flashtune_fwd(const __grid_constant__ ptx::TmaDesc tma_q, const __grid_constant__ ptx::TmaDesc tma_k,
                   const __grid_constant__ ptx::TmaDesc tma_v, const __grid_constant__ ptx::TmaDesc tma_o,
                   float* __restrict__ lse, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
-                  float softmax_scale) {
+                  float softmax_scale, unsigned int* __restrict__ tile_counter) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_addr(smem_raw);
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024 - raw % 1024) % 1024));
@@ -59,7 +59,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
       ptx::tma_prefetch_desc(&tma_q);
       ptx::tma_prefetch_desc(&tma_k);
       ptx::tma_prefetch_desc(&tma_v);
-      producer_loads(smem, sched, rank, seqlen_q, seqlen_k, heads_q, heads_kv, &tma_q, &tma_k, &tma_v);
+      producer_loads(smem, sched, rank, seqlen_q, seqlen_k, heads_q, heads_kv, &tma_q, &tma_k, &tma_v,
+                     tile_counter);
     }
   } else {  // consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
@@ -68,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
     KvState st;
     HeldQStage held;  // the previous unit's Q stage, while its O store may still read it
     open_gemm_turns(cwg);
-    for (QState qs; sched.valid(); sched.next(), qs.advance()) {
+    for (QState qs; consumer_unit(smem, sched, qs); consumer_next(sched, qs)) {
       const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
       const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
       float o[kORegs];

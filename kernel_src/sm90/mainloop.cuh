@@ -48,20 +48,34 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const ptx::TmaDesc*
 // that used the stage before has read it (a persistent CTA has two stages: that unit is two back,
 // and its store is waited for early in the unit in between, so the next unit's Q and its first K/V
 // tiles load while this one computes), then K and V of each key block, last first, into the rings
-// (which run on across units).
+// (which run on across units). FT_SCHEDULER=1: each unit's id goes into shared memory next to its
+// Q stage (q_unit) before the stage's full barrier is armed, the next unit is fetched from the
+// counter once this one's loads are issued, and after the last one the next stage, once free, gets
+// -1 and a completed phase without bytes: the consumers' signal to stop.
 __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileScheduler sched, int rank, int seqlen_q,
                                                int seqlen_k, int heads_q, int heads_kv, const ptx::TmaDesc* tma_q,
-                                               const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v) {
+                                               const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v,
+                                               unsigned* tile_counter) {
   const uint64_t evict_first = ptx::l2_policy_evict_first();
   const uint64_t evict_last = ptx::l2_policy_evict_last();
   KvState st;
-  for (QState qs; sched.valid(); sched.next(), qs.advance()) {
+  QState qs;
+  const auto publish = [&] {
+    if constexpr (kDynamicScheduler) smem.q_unit[qs.index] = sched.valid() ? sched.unit : -1;
+  };
+  const auto next_unit = [&] {
+    if constexpr (kDynamicScheduler)
+      sched.fetch(tile_counter);
+    else
+      sched.next();
+  };
+  for (; sched.valid(); next_unit(), qs.advance()) {
     const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
     if (blk.n_block_max <= 0) {  // nothing to load: the consumers write O = 0 into the stage once it is free
-      smem.q_ring.producer_skip(qs);
+      smem.q_ring.producer_skip(qs, publish);
       continue;
     }
-    const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes);
+    const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes, publish);
     const uint32_t q_tile = ptx::smem_addr(smem.q[qs.index]);
     for (int p = 0; p < kPanels; ++p)
       ptx::tma_load_4d(q_tile + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head, blk.batch,
@@ -81,6 +95,25 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
       st.advance();
     }
   }
+  if constexpr (kDynamicScheduler) {
+    sched.retire(tile_counter);
+    smem.q_ring.producer_skip(qs, publish);  // -1: no more units
+  }
+}
+
+// ---- consumers: the next work unit ------------------------------------------------------------
+// Whether the unit of Q stage `qs` exists. Static: the scheduler's own order. FT_SCHEDULER=1: the
+// unit the producer wrote next to the stage before completing its full barrier's phase (-1: none).
+__device__ __forceinline__ bool consumer_unit(SharedStorage& smem, TileScheduler& sched, const QState& qs) {
+  if constexpr (kDynamicScheduler) {
+    smem.q_ring.consumer_wait(qs);
+    sched.unit = smem.q_unit[qs.index];
+  }
+  return sched.valid();
+}
+__device__ __forceinline__ void consumer_next(TileScheduler& sched, QState& qs) {
+  if constexpr (!kDynamicScheduler) sched.next();
+  qs.advance();
 }
 
 // ---- ping-pong turn chain, once per CTA -------------------------------------------------------
@@ -165,12 +198,13 @@ struct Consumer {
   }
 
   // Runs the whole loop over the key blocks of one work unit; o is zero on entry. It first waits
-  // for the unit's Q stage: Q landed (a unit without key blocks: the stage handed over unloaded),
-  // after which this warpgroup may also stage its O there. `held`: the previous unit's stage,
-  // released to the producer after this unit's first S GEMM (else in the epilogue).
+  // for the unit's Q stage (FT_SCHEDULER=1: consumer_unit has): Q landed (a unit without key blocks:
+  // the stage handed over unloaded), after which this warpgroup may also stage its O there. `held`:
+  // the previous unit's stage, released to the producer after this unit's first S GEMM (else in the
+  // epilogue).
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                       HeldQStage& held) const {
-    smem.q_ring.consumer_wait(q);
+    if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);
     if (blk.n_block_max <= 0) return;
     const int n_first = skip_masked_blocks(st) - 1;
     if (n_first < 0) return;  // this warpgroup's rows see no key: O = 0, LSE = -inf

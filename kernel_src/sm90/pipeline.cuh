@@ -38,21 +38,32 @@ struct RingBarriers {
     }
   }
 
-  // Producer: wait until stage `st.index` is free (a fresh ring counts as free), then arm
-  // its full barrier for `bytes` of TMA traffic. Returns the full barrier's address.
-  __device__ __forceinline__ uint32_t producer_acquire(const PipelineState<kStages>& st, uint32_t bytes) {
+  // Producer: wait until stage `st.index` is free (a fresh ring counts as free), call `publish`
+  // (what it writes to shared memory there, the consumers see once the phase completes: the arrival
+  // releases it), then arm the full barrier for `bytes` of TMA traffic. Returns the barrier's address.
+  template <class Publish>
+  __device__ __forceinline__ uint32_t producer_acquire(const PipelineState<kStages>& st, uint32_t bytes,
+                                                       Publish&& publish) {
     ptx::mbarrier_wait(ptx::smem_addr(&empty[st.index]), st.phase ^ 1);
+    publish();
     const uint32_t bar = ptx::smem_addr(&full[st.index]);
     ptx::mbarrier_arrive_expect_tx(bar, bytes);
     return bar;
   }
+  __device__ __forceinline__ uint32_t producer_acquire(const PipelineState<kStages>& st, uint32_t bytes) {
+    return producer_acquire(st, bytes, [] {});
+  }
 
-  // Producer: wait until stage `st.index` is free, then complete its full barrier's phase with
-  // nothing loaded (a work unit without key blocks: its consumers only write O = 0 into the stage).
-  __device__ __forceinline__ void producer_skip(const PipelineState<kStages>& st) {
+  // Producer: wait until stage `st.index` is free, call `publish` (as above), then complete its full
+  // barrier's phase with nothing loaded (a work unit without key blocks: its consumers only write
+  // O = 0 into the stage; or the dynamic scheduler's "no more units").
+  template <class Publish>
+  __device__ __forceinline__ void producer_skip(const PipelineState<kStages>& st, Publish&& publish) {
     ptx::mbarrier_wait(ptx::smem_addr(&empty[st.index]), st.phase ^ 1);
+    publish();
     ptx::mbarrier_arrive(ptx::smem_addr(&full[st.index]));
   }
+  __device__ __forceinline__ void producer_skip(const PipelineState<kStages>& st) { producer_skip(st, [] {}); }
 
   __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& st) {
     ptx::mbarrier_wait(ptx::smem_addr(&full[st.index]), st.phase);

@@ -32,6 +32,9 @@ struct SharedStorage {
   // full: the stage's Q landed (a unit without key blocks: the stage is free); empty: every
   // consumer warpgroup's O store has read the stage (StoreHeldStage), so the producer may reload it
   RingBarriers<kQStages> q_ring;
+  // FT_SCHEDULER=1: the work unit of each Q stage (-1: none left), written by the producer before it
+  // completes its part of the stage's full barrier, read by the consumers after waiting for it
+  int q_unit[kQStages];
 };
 
 static_assert(kQTileBytes % kSwizzleAtomBytes == 0 && kKvTileBytes % kSwizzleAtomBytes == 0,

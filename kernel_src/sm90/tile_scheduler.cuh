@@ -14,11 +14,30 @@
 //   the next: with plain round-robin, G a multiple of m_groups (132 SMs, 4 query blocks per head at
 //   N = 512) gave every cluster units of one length only, and the longest set the run time (H200,
 //   fp16 d128 causal B 32 N 512: persistent 243 TFLOPS against 260 for one CTA per block).
+//   FT_SCHEDULER=1 (persistent, one CTA per cluster): CTA c takes unit c first; after that its producer
+//   thread takes each next unit from a global counter, G + atomicAdd(&counter[0], 1), when it has issued
+//   the loads of the unit before, so the CTA that runs out of work first takes the next (longest
+//   remaining) unit: causal units of unequal length balance to within one unit (the snake leaves up
+//   to 16% at long causal GQA: 132 CTAs, 28 heads of 128 query blocks). The producer hands each unit
+//   to the consumers in shared memory next to its Q stage (mainloop.cuh), -1 when there is none left.
+//   The counter is two words, [0] units taken, [1] CTAs done; the last CTA to finish zeroes both, so
+//   a zeroed counter serves every later launch on one stream (tuner/gpu/_launch.py keeps one per stream).
 #pragma once
 
 #include "sm90/config.cuh"
 
 namespace ft_sm90 {
+
+// atomicAdd on the device; on the host (tests/kernels/sm90_schedule_check.cu runs one CTA at a time) a plain add.
+__host__ __device__ __forceinline__ unsigned counter_add(unsigned* word, unsigned value) {
+#ifdef __CUDA_ARCH__
+  return atomicAdd(word, value);
+#else
+  const unsigned old = *word;
+  *word = old + value;
+  return old;
+#endif
+}
 
 // Host-callable too: tests/kernels/sm90_schedule_check.cu checks it exhaustively on the CPU.
 struct TileScheduler {
@@ -41,10 +60,29 @@ struct TileScheduler {
     }
   }
 
-  __host__ __device__ __forceinline__ bool valid() const { return unit < units; }
+  __host__ __device__ __forceinline__ bool valid() const {
+    if constexpr (kDynamicScheduler) return unit >= 0 && unit < units;  // -1: the producer's "no more units"
+    return unit < units;
+  }
   __host__ __device__ __forceinline__ void next() {
     ++round;
     unit = round * stride + ((round & 1) ? stride - 1 - cluster : cluster);  // one unit per cluster: past the end
+  }
+
+  // FT_SCHEDULER=1, the producer thread: the next unit from the counter (units past the last: invalid).
+  __host__ __device__ __forceinline__ void fetch(unsigned* counter) {
+    unit = stride + static_cast<int>(counter_add(&counter[0], 1));
+  }
+  // FT_SCHEDULER=1, the producer thread, after its last fetch: this CTA is done; the last one zeroes the
+  // counter (every CTA's last fetch precedes its arrival on counter[1], so no fetch follows the reset).
+  __host__ __device__ __forceinline__ void retire(unsigned* counter) const {
+#ifdef __CUDA_ARCH__
+    __threadfence();
+#endif
+    if (counter_add(&counter[1], 1) == static_cast<unsigned>(stride - 1)) {
+      counter[0] = 0;
+      counter[1] = 0;
+    }
   }
 
   __host__ __device__ __forceinline__ int m_block(int rank) const {

@@ -91,6 +91,18 @@ def test_comment_block_describes_the_result(finished, storage_url):
         assert line == "" or line.startswith(("//", "#")), line
 
 
+def test_a_dynamic_scheduler_config_says_the_kernel_needs_a_tile_counter(storage_url):
+    """sm90 with scheduler=1 takes a tile counter (ABI sm90_tma_sched): the header says so; with 0 it does not."""
+    import dataclasses
+
+    chosen = choose(make_study(storage_url, "sm90-scheduler", "sm90", PROBLEM, n_trials=4, seed=3))
+    note = "tile_counter, 8 zeroed bytes per stream"
+    static = dataclasses.replace(chosen, config={**chosen.config, "scheduler": 0})
+    dynamic = dataclasses.replace(chosen, config={**chosen.config, "scheduler": 1, "persistent": 1, "cta_mode": 1})
+    assert note not in render_header(static, storage_url=storage_url, now=NOW)
+    assert note in render_header(dynamic, storage_url=storage_url, now=NOW)
+
+
 def test_best_trial_is_used_without_a_retimed_winner(finished, storage_url):
     _, study = finished
     chosen = choose(study)

@@ -2,8 +2,9 @@
 
 PyTorch CPU tensors count as tensors of CUDA device 0; the device is a B200 for the ``flat``
 ABI (family sm80: sm_90a code does not run there, so ``family="auto"`` picks sm80) and an H200
-for ``sm90_tma`` (nominal tables); the compiled kernel function is a fake handle; ``cuLaunchKernel`` records what it was
-asked to launch and decodes the arguments of the stand-in's ABI.
+for ``sm90_tma`` and ``sm90_tma_sched`` (nominal tables); the compiled kernel function is a fake handle; ``cuLaunchKernel``
+records what it was asked to launch and decodes the arguments of the stand-in's ABI; device memory for tile counters
+is a fake address range.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class StandInGPU:
     FORMATS: ClassVar[dict[str, list[str]]] = {
         "flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
         "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"],
+        "sm90_tma_sched": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"] + ["Q"],
     }
 
     def __init__(self, abi: str = "flat", device=None) -> None:
@@ -53,6 +55,11 @@ class StandInGPU:
         self.device = device if device is not None else (B200 if abi == "flat" else H200)
         self.launches: list[dict] = []
         self.loaded: list[dict] = []
+        self.allocations: list[int] = []  # bytes of each zeroed device allocation (the tile counters')
+
+    def zeroed_device_memory(self, nbytes: int, stream) -> int:
+        self.allocations.append(nbytes)
+        return 0xC0DE0000 + 0x100000 * len(self.allocations)
 
     def load_function(self, space, config, problem, device, device_id):
         self.loaded.append({"family": space.name, "config": dict(config), "problem": problem})
@@ -93,3 +100,6 @@ def install(monkeypatch, stand_in: StandInGPU) -> None:
     monkeypatch.setattr(ta, "_current_context", lambda: 0xC0)
     monkeypatch.setattr(launch, "launch_kernel", stand_in.launch_kernel)
     monkeypatch.setattr(launch, "driver", types.SimpleNamespace(funcSetAttribute=lambda *a: None))
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_zeroed_device_memory", stand_in.zeroed_device_memory)
+    monkeypatch.setattr(launch, "TILE_COUNTERS", launch.TileCounters())

@@ -399,7 +399,7 @@ def add_kernel(arg: dict) -> dict:
     kernel = load_kernel(
         arg["cubin"],
         arg["entry"],
-        abi="sm90_tma",
+        abi=arg["family_abi"],
         grid=tuple(arg["grid"]),
         threads=arg["threads"],
         smem_bytes=arg["smem_bytes"],
@@ -553,6 +553,7 @@ def kernel_arg(space: Space, device: DeviceLimits, problem: Problem, entry: dict
         "threads": geom.threads,
         "smem_bytes": geom.smem_bytes,
         "abi": geom.abi,
+        "family_abi": space.family.abi,
         "config": entry["config"],
         "check": check,
     }

@@ -379,3 +379,51 @@ def test_bench_api_prints_its_table(family):
     rows = run_api_bench([Problem(batch=2, seqlen_q=1024, heads_q=8, head_dim=128)], family=family, out=out)
     assert set(rows[0].host_us) == {"tuner", "op", "sdpa"} and all(rows[0].kernel_tflops.values())
     assert "targets:" in out.getvalue() and "fp16-d128-full-b2-h8-n1024" in out.getvalue()
+
+
+def test_the_dynamic_scheduler_on_streams_and_in_a_cuda_graph(device):
+    """sm90 scheduler=1 (units from a tile counter per stream): causal GQA with more units than SMs, launched
+    many times in a row on one stream (each kernel must leave its counter zeroed for the next), on two streams at
+    once (each its own counter), and captured into a CUDA graph replayed several times."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    space = load_space("sm90")
+    if space.runs_on(device.arch):
+        pytest.skip(space.runs_on(device.arch))
+    dynamic = {"scheduler": 1}
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def inputs(n, hq, hk):
+        return tuple(
+            torch.randn(1, n, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hk, hk)
+        )
+
+    a, b = inputs(4096, 28, 4), inputs(1000, 8, 2)  # 896 and 64 units of 128 query rows
+    outs = [tuner.attention(*a, causal=True, family="sm90", config=dynamic) for _ in range(6)]
+    torch.cuda.synchronize()
+    for o in outs:
+        assert_close_to_reference(o, *a, causal=True)
+
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (s1, s2):
+        s.wait_stream(torch.cuda.current_stream())
+    pairs = []
+    for _ in range(4):  # queued on both streams without a sync between them
+        with torch.cuda.stream(s1):
+            pairs.append((tuner.attention(*a, causal=True, family="sm90", config=dynamic), a))
+        with torch.cuda.stream(s2):
+            pairs.append((tuner.attention(*b, causal=True, family="sm90", config=dynamic), b))
+    torch.cuda.synchronize()
+    for o, qkv in pairs:
+        assert_close_to_reference(o, *qkv, causal=True)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the plans exist: the capture stream's first launch takes a reserved counter
+        captured = [tuner.attention(*qkv, causal=True, family="sm90", config=dynamic) for qkv in (a, b, a)]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for o, qkv in zip(captured, (a, b, a)):
+        assert_close_to_reference(o, *qkv, causal=True)
+    eager = tuner.attention(*a, causal=True, family="sm90", config=dynamic)  # after the replays, on the default stream
+    torch.cuda.synchronize()
+    assert_close_to_reference(eager, *a, causal=True)

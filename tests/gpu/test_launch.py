@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,87 @@ def test_a_missing_driver_is_a_clear_error(monkeypatch, tmp_path):
             TmaArgs(SHAPE, {"q_box_rows": 64, "kv_box_rows": 64, "o_box_rows": 64})
     finally:
         tma.encoder.cache_clear()
+
+
+# -- sm90_tma_sched: the tile counters ----------------------------------------------------------------
+@pytest.fixture
+def counters(monkeypatch):
+    """A fresh TileCounters whose device memory is a fake range (the allocations are recorded)."""
+    allocations = []
+
+    def allocate(nbytes, stream):
+        allocations.append((nbytes, stream))
+        return 0x10000000 * len(allocations)
+
+    monkeypatch.setattr(launch, "_zeroed_device_memory", allocate)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    fresh = launch.TileCounters()
+    monkeypatch.setattr(launch, "TILE_COUNTERS", fresh)
+    return fresh, allocations
+
+
+def test_every_stream_of_a_device_gets_its_own_counter(counters):
+    tiles, allocations = counters
+    a, b = tiles.get(0, 0x1111), tiles.get(0, 0x2222)
+    assert a != b and tiles.get(0, 0x1111) == a and tiles.get(0, 0x2222) == b
+    assert tiles.get(1, 0x1111) not in (a, b)  # the same handle on another device
+    assert [n for n, _ in allocations] == [8 * launch._TILE_COUNTERS_PER_SLAB] * 2  # one slab per device
+    assert {a, b} <= set(range(0x10000000, 0x10000000 + allocations[0][0], 8)) and a % 8 == b % 8 == 0
+
+
+def test_the_per_thread_stream_gets_a_counter_per_thread(counters):
+    import threading
+
+    tiles, _ = counters
+    here = tiles.get(0, launch._PER_THREAD_STREAM)
+    there = []
+    thread = threading.Thread(target=lambda: there.append(tiles.get(0, launch._PER_THREAD_STREAM)))
+    thread.start()
+    thread.join()
+    assert there[0] != here and tiles.get(0, launch._PER_THREAD_STREAM) == here
+
+
+def test_a_full_slab_is_followed_by_another(counters):
+    tiles, allocations = counters
+    tiles.reserve(0)
+    assert len(allocations) == 1 and allocations[0][1] is None
+    taken = {tiles.get(0, s) for s in range(1, launch._TILE_COUNTERS_PER_SLAB + 2)}
+    assert len(taken) == launch._TILE_COUNTERS_PER_SLAB + 1
+    assert [s for _, s in allocations] == [None, launch._TILE_COUNTERS_PER_SLAB + 1]  # the stream that found none
+
+
+def test_no_counter_is_allocated_during_a_capture(monkeypatch):
+    """A new slab while the stream captures a CUDA graph is refused with what to do (reached only when every
+    counter of the reserved slab is taken)."""
+    monkeypatch.setattr(
+        launch.cupy.cuda, "ExternalStream", lambda handle: types.SimpleNamespace(is_capturing=lambda: True)
+    )
+    with pytest.raises(launch.LaunchError, match="launch the kernel once on this stream before capturing"):
+        launch._zeroed_device_memory(8, 0x1234)
+
+
+def test_each_launch_passes_its_streams_counter(counters, monkeypatch, stand_in_driver):
+    tiles, _ = counters
+    seen = []
+
+    def record(function_ptr, grid, threads, smem_bytes, stream, params_address):
+        pointers = (ctypes.c_void_p * 12).from_address(params_address)
+        seen.append((stream, struct.unpack("=Q", ctypes.string_at(pointers[11], 8))[0]))
+
+    monkeypatch.setattr(launch, "launch_kernel", record)
+    boxes = {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64}
+    for tile_counter in (1, 0):
+        kernel = launch.Kernel(
+            types.SimpleNamespace(ptr=0xF00D),
+            abi="sm90_tma_sched",
+            grid=(132, 1, 1),
+            threads=384,
+            smem_bytes=1024,
+            config={},
+            abi_params={**boxes, "tile_counter": tile_counter},
+        )
+        launcher = kernel.launcher(SHAPE)
+        for stream in (0x1111, 0x2222, 0x1111):
+            launcher(stream, Q, K, V, O, LSE, 1.0)
+    expected = [(s, tiles.get(0, s)) for s in (0x1111, 0x2222, 0x1111)] + [(s, 0) for s in (0x1111, 0x2222, 0x1111)]
+    assert seen == expected and expected[0][1] != expected[1][1]

@@ -3,7 +3,10 @@
 It mirrors, step by step, what ``kernel_src/sm90`` does with mbarriers, named barriers, TMA
 loads and stores and wgmma groups: the producer thread of every CTA (``producer_loads``), every
 consumer warp (``Consumer::run``, both loops, the causal skip, ping-pong turns, the epilogue and
-the persistent CTA's two Q stages), the 2-CTA cluster's multicast halves and remote arrivals.
+the persistent CTA's two Q stages), the 2-CTA cluster's multicast halves and remote arrivals, and
+the dynamic scheduler (``scheduler=1``): the CTAs of a grid run together, their producers take units
+from one shared tile counter and hand each unit's id to the consumers next to its Q stage, -1 when
+none is left.
 Every asynchronous operation (a TMA load landing, a TMA store reading shared memory, a wgmma
 group completing) is an agent of its own that finishes after a random number of steps, and the
 scheduler runs a random ready agent at every step.
@@ -17,7 +20,10 @@ What it checks, at every step:
 - no more arrivals than a barrier expects, no deadlock, nothing in flight into or out of a CTA
   after it exited;
 - at the end, every warpgroup's O of every work unit was stored exactly once, from its rows,
-  after every key block it sees went through S = Q K^T and O += P V.
+  after every key block it sees went through S = Q K^T and O += P V;
+- dynamic scheduler: every consumer warp reads the unit id written for the phase it waited for, no
+  id is overwritten before every consumer warp read it, the grid takes every unit exactly once, and
+  the tile counter is back to zero at the end.
 
 ``FAULTS`` are deliberate bugs the tests plant to show that the model catches them.
 """
@@ -28,7 +34,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["FAULTS", "Knobs", "ProtocolError", "Shape", "simulate"]
+__all__ = ["DYNAMIC_FAULTS", "FAULTS", "Knobs", "ProtocolError", "Shape", "TileCounter", "simulate"]
 
 
 class ProtocolError(AssertionError):
@@ -45,7 +51,13 @@ FAULTS = {
     "no_store_drain": "exit without waiting for the last O store",
     "kv1_v_bytes_missing": "kv_barriers = 1: V's bytes left out of the shared barrier's count",
     "kv1_release_after_k": "kv_barriers = 1: the stage released after K instead of after V",
+    "unit_after_arrive": "dynamic: write a unit's id next to its Q stage after arriving on the stage's full barrier",
+    "sentinel_without_wait": "dynamic: hand the consumers -1 without waiting for the stage to be free",
+    "no_sentinel": "dynamic: the producer ends without handing the consumers -1",
+    "no_retire": "dynamic: a CTA ends without counting itself done on the tile counter",
 }
+#: the faults of the dynamic scheduler (the others are planted into the static one)
+DYNAMIC_FAULTS = frozenset({"unit_after_arrive", "sentinel_without_wait", "no_sentinel", "no_retire"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +73,7 @@ class Knobs:
     pingpong: bool = False
     intra_wg_overlap: bool = True
     pv_split: bool = False
+    scheduler: int = 0  # 1: dynamic (tile_scheduler.cuh FT_SCHEDULER)
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -71,6 +84,8 @@ class Knobs:
             raise ValueError("pv_split splits the serial loop's P.V")
         if self.pingpong and self.consumer_wgs < 2:
             raise ValueError("ping-pong needs two consumer warpgroups")
+        if self.scheduler and not (self.persistent and self.cta_mode == 1):
+            raise ValueError("the dynamic scheduler needs persistent CTAs and cta_mode = 1")
 
     @property
     def block_m(self) -> int:
@@ -133,7 +148,7 @@ def _unit(k: Knobs, s: Shape, index: int, rank: int) -> Unit:
 def cluster_units(k: Knobs, s: Shape, clusters: int) -> list[list[int]]:
     """The unit numbers each cluster takes, in order (persistent: rounds of ``clusters`` units, in a snake:
     cluster c takes unit r n + c in even rounds r and r n + n - 1 - c in odd ones, as tile_scheduler.cuh)."""
-    units = _ceil_div(s.seqlen_q, k.block_m * k.cta_mode) * s.heads_q * s.batch
+    units = total_units(k, s)
     if not k.persistent:
         return [[u] for u in range(units)]
     n = min(clusters, units)
@@ -145,6 +160,27 @@ def cluster_units(k: Knobs, s: Shape, clusters: int) -> list[list[int]]:
             r += 1
         out.append(taken)
     return out
+
+
+def total_units(k: Knobs, s: Shape) -> int:
+    return _ceil_div(s.seqlen_q, k.block_m * k.cta_mode) * s.heads_q * s.batch
+
+
+class TileCounter:
+    """The dynamic scheduler's counter in global memory (TileScheduler::fetch / retire): [0] units taken,
+    [1] CTAs done; each step of the model is atomic, as atomicAdd is."""
+
+    def __init__(self) -> None:
+        self.words = [0, 0]
+
+    def fetch(self) -> int:
+        self.words[0] += 1
+        return self.words[0] - 1
+
+    def retire(self, ctas: int) -> None:
+        self.words[1] += 1
+        if self.words[1] == ctas:  # the last CTA: zero for the next launch
+            self.words = [0, 0]
 
 
 # ---- simulated hardware -----------------------------------------------------------------------
@@ -289,8 +325,12 @@ class Cta:
     def __init__(self, model: Model, rank: int, units: list[int]) -> None:
         k = model.knobs
         self.model, self.rank, self.name = model, rank, f"cta{rank}"
-        self.units = [_unit(k, model.shape, u, rank) for u in units]
+        self.units = [_unit(k, model.shape, u, rank) for u in units]  # dynamic: appended as the producer takes them
         self.exited = False
+        # dynamic scheduler: SharedStorage::q_unit, (unit id, the stage's use it was written for), and which
+        # consumer warps (wg, warp) read it
+        self.q_unit: list[tuple[int, int] | None] = [None] * k.q_stages
+        self.q_unit_readers: list[set[tuple[int, int]]] = [set() for _ in range(k.q_stages)]
         self.q_full = [MBarrier(f"{self.name}.q_full[{i}]", 1, self) for i in range(k.q_stages)]
         self.q_empty = [MBarrier(f"{self.name}.q_empty[{i}]", k.consumer_wgs, self) for i in range(k.q_stages)]
         arrivals = 4 * k.consumer_wgs * k.cta_mode  # every consumer warp of every CTA that reads the stage
@@ -330,11 +370,25 @@ class Agent:
 
 
 class Model:
-    """One cluster (or lone CTA) of the kernel running `units` under random timing."""
+    """One cluster (or lone CTA) of the kernel running `units` under random timing. Dynamic scheduler: CTA
+    `cluster` of a grid of `grid` taking its units from `counter`; the CTAs of the grid share `agents`, so
+    that they run together."""
 
-    def __init__(self, knobs: Knobs, shape: Shape, units: list[int], rng: random.Random) -> None:
+    def __init__(
+        self,
+        knobs: Knobs,
+        shape: Shape,
+        units: list[int],
+        rng: random.Random,
+        *,
+        agents: list[Agent] | None = None,
+        counter: TileCounter | None = None,
+        cluster: int = 0,
+        grid: int = 1,
+    ) -> None:
         self.knobs, self.shape, self.rng = knobs, shape, rng
-        self.agents: list[Agent] = []
+        self.agents: list[Agent] = [] if agents is None else agents
+        self.counter, self.cluster, self.grid = counter, cluster, grid
         self.ctas = [Cta(self, r, units) for r in range(knobs.cta_mode)]
         self.stored: dict[tuple[int, int, int], int] = {}  # (unit, rank, wg) -> stores
         self.computed: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
@@ -441,25 +495,28 @@ class Model:
         k, faults = self.knobs, self.knobs.faults
         st, qs = Ring(k.kv_stages), Ring(k.q_stages)
         tile = 2  # bytes of a K or V tile, in halves of a 2-CTA cluster's shares
-        for unit in cta.units:
+        # the loop's step: the next unit (dynamic: fetched once this one's loads are issued)
+        for unit in self.dynamic_units(cta) if k.scheduler else cta.units:
             if unit.n_block_max <= 0:  # q_ring.producer_skip
                 if "skip_without_wait" not in faults:
                     yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
-                if "no_arrive_for_empty_unit" not in faults:
-                    cta.q_full[qs.index].arrive()
+                yield from self.publish_and_arrive(cta, qs, unit.index, "no_arrive_for_empty_unit" not in faults)
                 qs.advance()
                 yield None
                 continue
             yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)  # q_ring.producer_acquire
             bar = cta.q_full[qs.index]
             bar.expect_tx(1)
-            bar.arrive()
-            self.tma_load(
-                [(cta.qo[qs.index][w], p) for w in range(k.consumer_wgs) for p in range(4)],
-                [(bar, qs.use)],
-                ("Q", unit.index),
-                1,
-            )
+
+            def load_q(bar=bar, unit=unit) -> None:
+                self.tma_load(
+                    [(cta.qo[qs.index][w], p) for w in range(k.consumer_wgs) for p in range(4)],
+                    [(bar, qs.use)],
+                    ("Q", unit.index),
+                    1,
+                )
+
+            yield from self.publish_and_arrive(cta, qs, unit.index, then=load_q)
             yield None
             for n in reversed(range(unit.n_block_max)):
                 if k.kv_barriers == 2:  # K and V each on their own ring's barriers
@@ -479,7 +536,60 @@ class Model:
                     yield None
                 st.advance()
             qs.advance()
+        if k.scheduler:  # TileScheduler::retire, then -1 into the next stage once it is free
+            if "no_retire" not in faults:
+                self.counter.retire(self.grid)
+            if "sentinel_without_wait" not in faults:
+                yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
+            yield from self.publish_and_arrive(cta, qs, -1, "no_sentinel" not in faults)
         yield from self.exit(cta)
+
+    def dynamic_units(self, cta: Cta) -> Iterator[Unit]:
+        """The units of a CTA under the dynamic scheduler: its own index first, then one fetched from the
+        tile counter each time the producer asks for the next (TileScheduler::fetch)."""
+        index, total = self.cluster, total_units(self.knobs, self.shape)
+        while 0 <= index < total:
+            unit = _unit(self.knobs, self.shape, index, cta.rank)
+            cta.units.append(unit)  # the model's record: the consumers learn it from q_unit
+            yield unit
+            index = self.grid + self.counter.fetch()
+
+    def publish_and_arrive(
+        self, cta: Cta, qs: Ring, unit: int, arrive: bool = True, then: Callable[[], None] | None = None
+    ) -> Iterator[Cond]:
+        """Dynamic scheduler: the unit's id into q_unit of the stage, then the producer's arrival on the stage's
+        full barrier and `then` (the Q load); the static scheduler: the arrival and `then` alone."""
+        late = "unit_after_arrive" in self.knobs.faults
+        if self.knobs.scheduler and not late:
+            self.write_unit(cta, qs, unit)
+        if arrive:
+            cta.q_full[qs.index].arrive()
+        if then is not None:
+            then()
+        if self.knobs.scheduler and late:
+            yield None
+            self.write_unit(cta, qs, unit)
+
+    def write_unit(self, cta: Cta, qs: Ring, unit: int) -> None:
+        readers = 4 * self.knobs.consumer_wgs
+        if cta.q_unit[qs.index] is not None and len(cta.q_unit_readers[qs.index]) < readers:
+            raise ProtocolError(
+                f"{cta.name}.q_unit[{qs.index}]: unit {unit} written over unit {cta.q_unit[qs.index][0]}, which "
+                f"{readers - len(cta.q_unit_readers[qs.index])} consumer warps have not read"
+            )
+        cta.q_unit[qs.index] = (unit, qs.use)
+        cta.q_unit_readers[qs.index] = set()
+
+    def read_unit(self, cta: Cta, qs: Ring, wg: int, warp: int) -> int:
+        """A consumer warp's read of q_unit after its wait for the stage's full barrier (consumer_unit)."""
+        written = cta.q_unit[qs.index]
+        if written is None or written[1] != qs.use:
+            raise ProtocolError(
+                f"{cta.name}.q_unit[{qs.index}]: warp {warp} of wg{wg} waited for use {qs.use} of the stage and "
+                f"reads {'no unit id' if written is None else f'the id written for use {written[1]}'}"
+            )
+        cta.q_unit_readers[qs.index].add((wg, warp))
+        return written[0]
 
     def load_kv_tile(self, slots: str, full: str, st: Ring, tag: object, tile: int, rank: int) -> None:
         """CTA `rank`'s share of the tile, multicast into the same stage of every CTA of the cluster,
@@ -495,10 +605,22 @@ class Model:
         commits = [0]  # this warp's wgmma commits: the number of its warpgroup's next group
         if k.pingpong and wg == k.consumer_wgs - 1:  # open_gemm_turns
             cta.turn[0].arrive()
-        for unit in cta.units:
+        taken = 0
+        while True:  # consumer_unit: the unit of stage qs, if any
+            if k.scheduler:  # the id the producer wrote next to the stage, once its full barrier's phase completed
+                yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
+                index = self.read_unit(cta, qs, wg, warp)
+                if index < 0:
+                    break
+                unit = _unit(k, s, index, cta.rank)
+            else:
+                if taken == len(cta.units):
+                    break
+                unit = cta.units[taken]
+                yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)  # Consumer::run
+            taken += 1
             first_row = unit.first_row0 + wg * 64
             log = self.computed.setdefault((unit.index, cta.rank, wg), [])
-            yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
             if unit.n_block_max > 0:
                 n = unit.n_block_max
                 if s.causal and not k.pingpong:  # skip_masked_blocks
@@ -701,6 +823,8 @@ def simulate(knobs: Knobs, shape: Shape, *, seed: int, clusters: int = 2) -> int
     """Run every cluster of the grid (a persistent grid of `clusters` clusters) once under random
     timing drawn from `seed`; raise ProtocolError on the first violation. Returns the work units run."""
     rng = random.Random(seed)
+    if knobs.scheduler:
+        return _simulate_dynamic(knobs, shape, rng, clusters)
     ran = 0
     for units in cluster_units(knobs, shape, clusters):
         model = Model(knobs, shape, units, rng)
@@ -709,3 +833,22 @@ def simulate(knobs: Knobs, shape: Shape, *, seed: int, clusters: int = 2) -> int
         model.check_results()
         ran += len(units)
     return ran
+
+
+def _simulate_dynamic(knobs: Knobs, shape: Shape, rng: random.Random, clusters: int) -> int:
+    """The dynamic scheduler: the grid's CTAs (as many as units, at most `clusters`) run together on one tile
+    counter; every unit is taken exactly once, and the counter is zero again at the end."""
+    total = total_units(knobs, shape)
+    grid, counter, agents = min(clusters, total), TileCounter(), []
+    models = [Model(knobs, shape, [], rng, agents=agents, counter=counter, cluster=c, grid=grid) for c in range(grid)]
+    for model in models:
+        model.start()
+    models[0].run()  # every CTA's agents: the list is shared
+    for model in models:
+        model.check_results()
+    taken = sorted(u.index for m in models for u in m.ctas[0].units)
+    if taken != list(range(total)):
+        raise ProtocolError(f"the grid took units {taken}, not each of 0..{total - 1} once")
+    if counter.words != [0, 0]:
+        raise ProtocolError(f"the tile counter ends at {counter.words}, not zeroed for the next launch")
+    return total

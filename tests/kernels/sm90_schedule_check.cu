@@ -2,10 +2,18 @@
 // and block_info.cuh compiled for the CPU with the config's FT_* macros, run over every CTA of
 // the grid that the space file computes (passed in by tests/test_kernel_schedule.py).
 //
-// usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV
-// Prints "ok <units visited>" and exits 0, or prints the first violation and exits 1.
+// FT_SCHEDULER=1 (dynamic): the CTAs' fetches from the tile counter are simulated in the order the
+// kernel makes them when every unit takes as long as its key blocks: the CTA that finishes first
+// fetches next (ties: the lower CTA). The counter must be back to zero after the last CTA retires.
+//
+// usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV [units-only]
+// Prints "ok <units visited> <max load> <total load>" (load: key blocks a cluster visits) and exits 0,
+// or prints the first violation and exits 1. "units-only" skips the per-row and per-key checks.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <queue>
 #include <vector>
 
 #include "sm90/block_info.cuh"
@@ -22,61 +30,115 @@ static bool sees(int row, int key, const BlockInfo& blk) {
   return key < blk.seqlen_k && (!kIsCausal || key <= row + blk.causal_offset);
 }
 
-int main(int argc, char** argv) {
-  if (argc != 9) return fail("usage", argc, 0, 0, 0);
-  const int gx = std::atoi(argv[1]), gy = std::atoi(argv[2]), gz = std::atoi(argv[3]);
-  const int batch = std::atoi(argv[4]), sq = std::atoi(argv[5]), sk = std::atoi(argv[6]);
-  const int hq = std::atoi(argv[7]), hkv = std::atoi(argv[8]);
-  if (gx % kClusterCtas) return fail("grid x is not a multiple of the cluster size", gx, kClusterCtas, 0, 0);
-  const int m_blocks = (sq + kBlockM - 1) / kBlockM;
-  const int m_padded = (m_blocks + kClusterCtas - 1) / kClusterCtas * kClusterCtas;  // a cluster's odd last block
-  std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
-  long units = 0;
+// The key blocks of a unit: what it costs a cluster (its CTAs visit the same ones).
+static long unit_cost(const TileScheduler& s, int sq, int sk, int hq, int hkv) {
+  const BlockInfo blk(s.m_block(0), s.head(), s.batch(), sq, sk, hq, hkv);
+  return blk.n_block_max;
+}
+
+// The schedulers of each cluster, one per unit it takes, in order.
+static std::vector<std::vector<TileScheduler>> cluster_units(int gx, int gy, int gz, int batch, int sq, int sk,
+                                                             int hq, int hkv, unsigned* counter) {
+  std::vector<std::vector<TileScheduler>> out;
+  std::vector<TileScheduler> first;
   for (int bz = 0; bz < gz; ++bz)
     for (int by = 0; by < gy; ++by)
       for (int bx = 0; bx < gx; bx += kClusterCtas) {
-        // the CTAs of one cluster walk their units in lockstep
-        TileScheduler s0(batch, sq, hq, bx, by, bz, gx);
-        for (; s0.valid(); s0.next()) {
-          int n_max = -1;
-          for (int rank = 0; rank < kClusterCtas; ++rank) {
-            TileScheduler s = s0;
-            const int m = s.m_block(rank), h = s.head(), b = s.batch();
-            if (m < 0 || m >= m_padded || h < 0 || h >= hq || b < 0 || b >= batch)
-              return fail("unit out of range", m, h, b, rank);
-            ++visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
-            ++units;
-            const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
-            if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
-            if (n_max >= 0 && blk.n_block_max != n_max) return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
-            n_max = blk.n_block_max;
-            if (blk.n_block_max * kBlockN >= sk + kBlockN) return fail("key block past seqlen_k", m, blk.n_block_max, sk, 0);
-            for (int wg = 0; wg < kConsumerWgs; ++wg) {
-              const int first = blk.m0() + wg * kWgRows;
-              const int visible = blk.n_block_visible(first, kWgRows);
-              if (visible < 0 || visible > blk.n_block_max) return fail("visible blocks out of range", m, wg, visible, blk.n_block_max);
-              for (int row = first; row < first + kWgRows && row < sq; ++row)
-                for (int key = 0; key < sk; ++key) {
-                  if (!sees(row, key, blk)) continue;
-                  const int n = key / kBlockN;
-                  if (n >= visible) return fail("a visible key's block is skipped", row, key, n, visible);
-                }
-              for (int n = 0; n < blk.n_block_max; ++n) {
-                if (blk.needs_mask(n, first)) continue;
-                for (int row = first; row < first + kWgRows; ++row)  // rows past seqlen_q too: they must stay finite
-                  for (int key = n * kBlockN; key < (n + 1) * kBlockN; ++key)
-                    if (!sees(row, key, blk)) return fail("an unmasked block holds a masked key", row, key, n, first);
-              }
+        out.emplace_back();
+        TileScheduler s(batch, sq, hq, bx, by, bz, gx);
+        first.push_back(s);
+        if constexpr (!kDynamicScheduler)
+          for (; s.valid(); s.next()) out.back().push_back(s);
+        else if (s.valid())
+          out.back().push_back(s);  // the first unit: the CTA's own index
+      }
+  if constexpr (kDynamicScheduler) {
+    using Event = std::pair<long, int>;  // (time the cluster's current unit ends, cluster)
+    std::priority_queue<Event, std::vector<Event>, std::greater<Event>> ends;
+    for (int c = 0; c < static_cast<int>(out.size()); ++c) {
+      if (out[c].empty())
+        first[c].retire(counter);  // more CTAs than units: done before any fetch
+      else
+        ends.push({unit_cost(out[c].back(), sq, sk, hq, hkv), c});
+    }
+    while (!ends.empty()) {
+      const auto [t, c] = ends.top();
+      ends.pop();
+      TileScheduler s = out[c].back();
+      s.fetch(counter);
+      if (s.valid()) {
+        out[c].push_back(s);
+        ends.push({t + unit_cost(s, sq, sk, hq, hkv), c});
+      } else {
+        s.retire(counter);
+      }
+    }
+  }
+  return out;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 9 && argc != 10) return fail("usage", argc, 0, 0, 0);
+  const int gx = std::atoi(argv[1]), gy = std::atoi(argv[2]), gz = std::atoi(argv[3]);
+  const int batch = std::atoi(argv[4]), sq = std::atoi(argv[5]), sk = std::atoi(argv[6]);
+  const int hq = std::atoi(argv[7]), hkv = std::atoi(argv[8]);
+  const bool units_only = argc == 10 && std::strcmp(argv[9], "units-only") == 0;
+  if (gx % kClusterCtas) return fail("grid x is not a multiple of the cluster size", gx, kClusterCtas, 0, 0);
+  if (kDynamicScheduler && (gy != 1 || gz != 1)) return fail("a dynamic grid is one row of CTAs", gy, gz, 0, 0);
+  const int m_blocks = (sq + kBlockM - 1) / kBlockM;
+  const int m_padded = (m_blocks + kClusterCtas - 1) / kClusterCtas * kClusterCtas;  // a cluster's odd last block
+  std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
+  unsigned counter[2] = {0, 0};
+  const auto clusters = cluster_units(gx, gy, gz, batch, sq, sk, hq, hkv, counter);
+  if (counter[0] != 0 || counter[1] != 0)
+    return fail("the tile counter is not zero after the last CTA", counter[0], counter[1], gx, 0);
+  long units = 0, max_load = 0, total_load = 0;
+  for (const auto& taken : clusters) {
+    long load = 0;
+    for (const TileScheduler& s0 : taken) {  // the CTAs of one cluster walk their units in lockstep
+      int n_max = -1;
+      for (int rank = 0; rank < kClusterCtas; ++rank) {
+        const TileScheduler& s = s0;
+        const int m = s.m_block(rank), h = s.head(), b = s.batch();
+        if (m < 0 || m >= m_padded || h < 0 || h >= hq || b < 0 || b >= batch)
+          return fail("unit out of range", m, h, b, rank);
+        ++visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
+        ++units;
+        const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
+        if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
+        if (n_max >= 0 && blk.n_block_max != n_max) return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
+        n_max = blk.n_block_max;
+        if (blk.n_block_max * kBlockN >= sk + kBlockN) return fail("key block past seqlen_k", m, blk.n_block_max, sk, 0);
+        if (units_only) continue;
+        for (int wg = 0; wg < kConsumerWgs; ++wg) {
+          const int first = blk.m0() + wg * kWgRows;
+          const int visible = blk.n_block_visible(first, kWgRows);
+          if (visible < 0 || visible > blk.n_block_max) return fail("visible blocks out of range", m, wg, visible, blk.n_block_max);
+          for (int row = first; row < first + kWgRows && row < sq; ++row)
+            for (int key = 0; key < sk; ++key) {
+              if (!sees(row, key, blk)) continue;
+              const int n = key / kBlockN;
+              if (n >= visible) return fail("a visible key's block is skipped", row, key, n, visible);
             }
+          for (int n = 0; n < blk.n_block_max; ++n) {
+            if (blk.needs_mask(n, first)) continue;
+            for (int row = first; row < first + kWgRows; ++row)  // rows past seqlen_q too: they must stay finite
+              for (int key = n * kBlockN; key < (n + 1) * kBlockN; ++key)
+                if (!sees(row, key, blk)) return fail("an unmasked block holds a masked key", row, key, n, first);
           }
         }
       }
+      load += n_max;
+    }
+    max_load = load > max_load ? load : max_load;
+    total_load += load;
+  }
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < hq; ++h)
       for (int m = 0; m < m_padded; ++m) {
         const int v = visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
         if (v != 1) return fail("query block not visited exactly once", b, h, m, v);
       }
-  std::printf("ok %ld\n", units);
+  std::printf("ok %ld %ld %ld\n", units, max_load, total_load);
   return 0;
 }

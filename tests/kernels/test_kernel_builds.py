@@ -79,6 +79,24 @@ SM90_REPRESENTATIVE = {
         "block_n": 64,
         "intra_wg_overlap": 0,
     },
+    # the dynamic scheduler (units from the tile counter): alone, with the turn chain and the serial loop on one
+    # K/V barrier pair, and two CTAs per SM
+    "dynamic": {"scheduler": 1},
+    "dynamic_pingpong_serial_shared_kv_barriers": {
+        "scheduler": 1,
+        "pingpong": 1,
+        "intra_wg_overlap": 0,
+        "kv_barriers": 1,
+    },
+    "dynamic_two_ctas_per_sm": {
+        "ctas_per_sm": 2,
+        "persistent": 1,
+        "consumer_wgs": 1,
+        "producer_regs": 24,
+        "consumer_regs": 232,
+        "block_n": 64,
+        "scheduler": 1,
+    },
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -90,6 +108,15 @@ SM90_D64_REPRESENTATIVE = {
         "block_n": 160,
         "intra_wg_overlap": 0,
         "persistent": 1,
+    },
+    "d64_three_wgs_serial_bn160_dynamic": {
+        "consumer_wgs": 3,
+        "producer_regs": 32,
+        "consumer_regs": 160,
+        "block_n": 160,
+        "intra_wg_overlap": 0,
+        "persistent": 1,
+        "scheduler": 1,
     },
     "d64_two_ctas_per_sm_bn128_poly_exp": {
         "ctas_per_sm": 2,
@@ -122,6 +149,14 @@ SM90_D256_REPRESENTATIVE = {
         "persistent": 1,
     },
     "d256_shared_kv_barriers_cluster": {"kv_barriers": 1, "cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "d256_one_wg_dynamic": {
+        "consumer_wgs": 1,
+        "producer_regs": 56,
+        "consumer_regs": 256,
+        "block_n": 64,
+        "persistent": 1,
+        "scheduler": 1,
+    },
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
 #: at every head dim where they are feasible (missing knobs: that head dim's defaults)

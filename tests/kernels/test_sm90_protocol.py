@@ -5,7 +5,9 @@ agents that a seeded random scheduler interleaves; every read must see its tile,
 overwritten while read, every parity wait must ask about the phase it means, nothing may deadlock
 and every O must be stored once. Covered: one unit per CTA and persistent CTAs (two Q stages,
 the O store held over into the next unit), 2-CTA clusters, ping-pong, both loops, pv_split,
-kv_barriers 1 and 2, kv_stages 2 and 3, and causal shapes whose units or warpgroups see no key.
+kv_barriers 1 and 2, kv_stages 2 and 3, causal shapes whose units or warpgroups see no key, and the
+dynamic scheduler (CTAs of one grid racing for units on one tile counter, each unit's id handed to the
+consumers next to its Q stage, -1 to stop).
 The planted faults show that the model catches what it claims to. Pure Python: no nvcc, no GPU.
 """
 
@@ -13,7 +15,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kernels.sm90_protocol_model import FAULTS, Knobs, ProtocolError, Shape, cluster_units, simulate
+from tests.kernels.sm90_protocol_model import (
+    DYNAMIC_FAULTS,
+    FAULTS,
+    Knobs,
+    ProtocolError,
+    Shape,
+    cluster_units,
+    simulate,
+)
 
 CONFIGS = {
     "default": Knobs(),
@@ -31,6 +41,14 @@ CONFIGS = {
         persistent=True, cta_mode=2, kv_barriers=1, intra_wg_overlap=False, pv_split=True, block_n=64
     ),
     "persistent_cluster_pingpong_kv1": Knobs(persistent=True, cta_mode=2, pingpong=True, kv_barriers=1, block_n=64),
+    "dynamic": Knobs(persistent=True, scheduler=1, block_n=64),
+    "dynamic_serial_kv1_kv_stages_3": Knobs(
+        persistent=True, scheduler=1, intra_wg_overlap=False, kv_barriers=1, kv_stages=3, block_n=64
+    ),
+    "dynamic_three_wgs_pingpong": Knobs(persistent=True, scheduler=1, consumer_wgs=3, pingpong=True, block_n=64),
+    "dynamic_one_wg_serial_pv_split": Knobs(
+        persistent=True, scheduler=1, consumer_wgs=1, intra_wg_overlap=False, pv_split=True, block_n=64
+    ),
 }
 
 SHAPES = [  # tails and the diagonal; units and warpgroups that see no key (seqlen_q > seqlen_k, causal);
@@ -67,9 +85,16 @@ def test_persistent_ctas_take_several_units_and_some_see_no_key():
     assert kinds == {True, False}
 
 
-# fault -> the knobs it needs (a persistent CTA; kv_barriers = 1 for the shared-barrier faults)
+# fault -> the knobs it needs (a persistent CTA; kv_barriers = 1 for the shared-barrier faults; the dynamic
+# scheduler for its own)
 FAULT_KNOBS = {
-    name: Knobs(persistent=True, block_n=64, kv_barriers=1 if name.startswith("kv1") else 2, faults=frozenset([name]))
+    name: Knobs(
+        persistent=True,
+        block_n=64,
+        kv_barriers=1 if name.startswith("kv1") else 2,
+        scheduler=int(name in DYNAMIC_FAULTS),
+        faults=frozenset([name]),
+    )
     for name in FAULTS
 }
 
@@ -119,3 +144,31 @@ def test_persistent_clusters_share_causal_work_evenly(clusters):
         sum(_unit(knobs, shape, u, 0).n_block_max for u in range(c, 2048, clusters)) for c in range(clusters)
     ]
     assert max(round_robin) >= 3 * min(round_robin)  # what the snake replaced
+
+
+@pytest.mark.parametrize("ctas", [1, 2, 3, 5])
+def test_dynamic_ctas_race_for_the_units(ctas):
+    """The dynamic scheduler with 1 to 5 CTAs on one counter: under random timing the CTAs take different units
+    from run to run (so the handoff is checked for many orders), each run takes every unit once (simulate checks
+    that, and the zeroed counter)."""
+    import random
+
+    from tests.kernels.sm90_protocol_model import Model, TileCounter, total_units
+
+    knobs = CONFIGS["dynamic"]
+    shape = SHAPES[1]  # 6 units per head, 4 of them without a key block
+    assert total_units(knobs, shape) == 12
+    orders = set()
+    for seed in range(8):
+        assert simulate(knobs, shape, seed=seed, clusters=ctas) == 12
+
+    for seed in range(8):  # the units CTA 0 took, seed by seed
+        rng, counter, agents = random.Random(seed), TileCounter(), []
+        models = [
+            Model(knobs, shape, [], rng, agents=agents, counter=counter, cluster=c, grid=ctas) for c in range(ctas)
+        ]
+        for m in models:
+            m.start()
+        models[0].run()
+        orders.add(tuple(u.index for u in models[0].ctas[0].units))
+    assert len(orders) > (1 if ctas > 1 else 0), orders

@@ -171,11 +171,12 @@ def test_host_time_of_the_python_part_is_small(gpu):
 
 
 def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
-    """Family sm90 (ABI sm90_tma): each map gets the tensor's address, shape and byte strides."""
+    """Family sm90 (ABI sm90_tma_sched): each map gets the tensor's address, shape and byte strides; the default
+    (static) scheduler gets a null tile counter."""
     from tests.fakes.standin_launch import fake_tensor_map_encoder
     from tuner.gpu import _tma as tma
 
-    gpu = StandInGPU(abi="sm90_tma")
+    gpu = StandInGPU(abi="sm90_tma_sched")
     install(monkeypatch, gpu)
     monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
     packed = torch.randn(2, 300, 2, 8, 128, dtype=torch.bfloat16)
@@ -188,7 +189,40 @@ def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
         assert words[0] == tma.CU_TENSOR_MAP_DATA_TYPE["bf16"] and words[1] == t.data_ptr()
         assert words[2:6] == (d, n, h, b)
         assert words[6:9] == (2 * t.stride(1), 2 * t.stride(2), 2 * t.stride(0))  # row, head, batch (bytes)
-    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5]
+    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5, 0]
+    assert gpu.allocations == []
+
+
+def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
+    """scheduler=1: the kernel's last argument is its stream's tile counter, the same one at every call on that
+    stream, another on another stream; one zeroed allocation holds the counters of many streams."""
+    from tests.fakes.standin_launch import fake_tensor_map_encoder
+    from tuner.gpu import _launch as launch
+    from tuner.gpu import _tma as tma
+
+    gpu = StandInGPU(abi="sm90_tma_sched")
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
+    stream = [0x5EA]
+    monkeypatch.setattr(ta, "_torch_stream", lambda torch, device: stream[0])
+    q, k, v = qkv(batch=1, seqlen_q=1000, heads_q=8, heads_kv=2, dtype=torch.bfloat16)
+    dynamic = {"scheduler": 1}
+
+    def counter_of_call() -> int:
+        tuner.attention(q, k, v, causal=True, family="sm90", config=dynamic)
+        assert gpu.last["stream"] == stream[0]
+        return gpu.last["args"][-1]
+
+    first = counter_of_call()
+    assert first != 0 and counter_of_call() == first
+    stream[0] = 0x5EB
+    second = counter_of_call()
+    assert second not in (0, first)
+    stream[0] = 0x5EA
+    assert counter_of_call() == first
+    assert len(gpu.allocations) == 1 and gpu.allocations[0] >= 2 * 8  # made when the kernel was loaded
+    assert {first, second} <= set(range(0xC0DE0000 + 0x100000, 0xC0DE0000 + 0x100000 + gpu.allocations[0], 8))
+    assert launch.TILE_COUNTERS.get(0, 0x5EB) == second
 
 
 # -- files that change while the process runs ---------------------------------------------------------

@@ -71,6 +71,7 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("result", result),
         ("speedup", speedup),
         ("launch", _launch_text(chosen)),
+        *_tile_counter_rows(chosen),
         ("study", chosen.study_name),
         ("storage", mask_url(storage_url)),
         (
@@ -96,6 +97,20 @@ def _launch_text(chosen: ChosenConfig) -> str:
         f"grid ({rules}) = {geometry.grid} for this shape on {chosen.device.num_sms} SMs; "
         f"{geometry.threads} threads; {geometry.smem_bytes} B of dynamic shared memory"
     )
+
+
+def _tile_counter_rows(chosen: ChosenConfig) -> list[tuple[str, str]]:
+    """A row for a kernel that reads a tile counter (the space's [launch.abi] tile_counter): what to pass."""
+    geometry = chosen.space.launch(chosen.config, chosen.problem, chosen.device)
+    if not geometry.abi.get("tile_counter"):
+        return []
+    return [
+        (
+            "tile counter",
+            f"ABI {chosen.space.family.abi}: pass tile_counter, 8 zeroed bytes per stream, kept for every "
+            "launch on it (the kernel leaves them zero; kernel_src/README.md)",
+        )
+    ]
 
 
 def render_header(

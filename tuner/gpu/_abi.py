@@ -28,6 +28,12 @@ def _strides(*tensors: str) -> tuple[AbiParam, ...]:
 
 _SIZES = tuple(AbiParam(n, "int", "i") for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv"))
 _SCALE = AbiParam("softmax_scale", "float", "f")
+_SM90_TMA = (
+    *(AbiParam(f"tma_{t}", "CUtensorMap", "") for t in ("q", "k", "v", "o")),
+    AbiParam("lse", "float*", "P"),
+    *_SIZES,
+    _SCALE,
+)
 
 #: ABI name (a space file's ``[family] abi``) -> the entry's parameters, in order
 ABI_PARAMS: dict[str, tuple[AbiParam, ...]] = {
@@ -41,12 +47,10 @@ ABI_PARAMS: dict[str, tuple[AbiParam, ...]] = {
         *_strides("q", "k", "v", "o"),
         _SCALE,
     ),
-    "sm90_tma": (
-        *(AbiParam(f"tma_{t}", "CUtensorMap", "") for t in ("q", "k", "v", "o")),
-        AbiParam("lse", "float*", "P"),
-        *_SIZES,
-        _SCALE,
-    ),
+    "sm90_tma": _SM90_TMA,
+    # sm90_tma and the dynamic tile scheduler's counter: two zeroed uint32 words per stream (null when the
+    # config's [launch.abi] tile_counter is 0)
+    "sm90_tma_sched": (*_SM90_TMA, AbiParam("tile_counter", "unsigned int*", "P")),
 }
 
 

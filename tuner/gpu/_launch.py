@@ -4,7 +4,9 @@ The kernel arguments of each ABI (kernel_src/README.md) are laid out once in a h
 with the array of pointers ``cuLaunchKernel`` takes (:class:`ArgBuffer`); a launch only writes
 the values that change (device pointers, strides, the scale, and for ``sm90_tma`` the tensor
 maps) and calls the driver on a stream. The driver copies the arguments when the launch is
-made (or captured into a CUDA graph), so a buffer can be refilled for the next launch.
+made (or captured into a CUDA graph), so a buffer can be refilled for the next launch. ABI
+``sm90_tma_sched`` adds the dynamic tile scheduler's counter, one per (device, stream)
+(:class:`TileCounters`), filled in at each launch for the stream it runs on.
 
 Operands are ``(pointer, batch_stride, row_stride, head_stride)`` of a
 ``[batch, seqlen, heads, head_dim]`` tensor, strides in elements, the last dimension contiguous.
@@ -25,7 +27,18 @@ from ..problem import DTYPES, Problem
 from ._abi import ABI_PARAMS, scalar_format, tensor_map_count
 from ._tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
 
-__all__ = ["ABIS", "ArgBuffer", "Kernel", "LaunchError", "Launcher", "Operand", "load_kernel"]
+__all__ = [
+    "ABIS",
+    "TILE_COUNTERS",
+    "ArgBuffer",
+    "Kernel",
+    "LaunchError",
+    "Launcher",
+    "Operand",
+    "TileCounters",
+    "load_kernel",
+    "uses_tile_counter",
+]
 
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -76,6 +89,10 @@ class ArgBuffer:
         """The ``size`` bytes argument ``index`` points at (for tests)."""
         return ctypes.string_at(self._pointers[index], size)
 
+    def param_address(self, index: int) -> int:
+        """Where argument ``index`` lives in the buffer."""
+        return self._pointers[index]
+
 
 def _codes(fmt: str) -> list[str]:
     out, count = [], ""
@@ -93,6 +110,7 @@ class FlatArgs:
     whose order :meth:`pack` follows)."""
 
     abi = "flat"
+    uses_tile_counter = False  # whether the kernel reads a tile counter (TmaSchedArgs)
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
@@ -127,6 +145,7 @@ class TmaArgs:
     (``_abi.ABI_PARAMS``, whose order :meth:`pack` follows)."""
 
     abi = "sm90_tma"
+    uses_tile_counter = False
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
@@ -142,11 +161,109 @@ class TmaArgs:
     def pack(self, q: Operand, k: Operand, v: Operand, o: Operand, lse: int, softmax_scale: float) -> None:
         for slot, (ptr, batch_stride, row_stride, head_stride) in zip(self._slots, (q, k, v, o), strict=True):
             slot.encode(ptr, batch_stride * 2, row_stride * 2, head_stride * 2)  # 16-bit elements
-        self.buffer.pack_scalars(lse, *self._sizes, softmax_scale)
+        self.buffer.pack_scalars(lse, *self._sizes, softmax_scale, *self._extra())
+
+    def _extra(self) -> tuple:
+        return ()
+
+
+class TmaSchedArgs(TmaArgs):
+    """ABI ``sm90_tma_sched`` (family sm90): ``sm90_tma``'s arguments and the tile counter last. The counter
+    depends on the stream: the launch sets it (:meth:`set_tile_counter`); it is null, and never set, when the
+    space's ``[launch.abi] tile_counter`` is 0 (a kernel that does not read it)."""
+
+    abi = "sm90_tma_sched"
+
+    def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
+        super().__init__(problem, params)
+        self.uses_tile_counter = uses_tile_counter(self.abi, params)
+        self._counter = 0
+        self._counter_slot = ctypes.c_uint64.from_address(self.buffer.param_address(len(ABI_PARAMS[self.abi]) - 1))
+
+    def _extra(self) -> tuple:
+        return (self._counter,)
+
+    def set_tile_counter(self, ptr: int) -> None:
+        self._counter = ptr
+        self._counter_slot.value = ptr
+
+
+def uses_tile_counter(abi: str, params: Mapping[str, int]) -> bool:
+    """Whether a kernel of ``abi`` reads a tile counter: its ABI has one, and the space's ``[launch.abi]
+    tile_counter`` (1 when absent) is not 0."""
+    return any(p.name == "tile_counter" for p in ABI_PARAMS[abi]) and bool(int(params.get("tile_counter", 1)))
+
+
+_TILE_COUNTER_BYTES = 8  # two uint32 words: units taken, CTAs done (kernel_src/README.md, ABI sm90_tma_sched)
+_TILE_COUNTERS_PER_SLAB = 1024  # counters per device allocation: streams that can start without a new one
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread: one handle, a different stream in every host thread
+
+
+def _current_device() -> int:
+    return cupy.cuda.runtime.getDevice()
+
+
+def _zeroed_device_memory(nbytes: int, stream: int | None) -> int:
+    """``nbytes`` of zeroed memory on the current device, kept for the process; the zeros are in place on
+    return. Refused while ``stream`` is capturing a CUDA graph (allocation and a synchronous memset are not
+    allowed there)."""
+    runtime = cupy.cuda.runtime
+    if stream is not None and cupy.cuda.ExternalStream(stream).is_capturing():
+        raise LaunchError(
+            f"all {_TILE_COUNTERS_PER_SLAB} tile counters of this device are taken (one per stream) and a new "
+            "one cannot be allocated while the stream captures a CUDA graph; launch the kernel once on this "
+            "stream before capturing"
+        )
+    ptr = runtime.malloc(nbytes)
+    runtime.memset(ptr, 0, nbytes)
+    runtime.deviceSynchronize()
+    return ptr
+
+
+class TileCounters:
+    """The dynamic tile scheduler's counters (ABI ``sm90_tma_sched``): one zeroed 8-byte counter per (device,
+    stream), made at the stream's first launch and kept for the process. Two streams never share one (kernels
+    running at once would take each other's units); launches on one stream run one after another, and each
+    kernel leaves its counter zeroed, so it serves every later launch on the stream, the replays of a CUDA
+    graph captured there included. Counters come from device allocations of ``_TILE_COUNTERS_PER_SLAB``
+    made outside any capture (:meth:`reserve`, when a kernel that uses them is loaded), so a stream's first
+    launch inside a capture takes one without a CUDA call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_stream: dict[tuple[int, int, int], int] = {}  # (device, stream, thread of a per-thread stream)
+        self._free: dict[int, list[int]] = {}  # device -> counters not given to a stream yet
+
+    def reserve(self, device: int) -> None:
+        """Make sure ``device`` (the current device) has a free counter."""
+        with self._lock:
+            self._refill(device, None)
+
+    def get(self, device: int, stream: int) -> int:
+        """The counter of ``stream`` (a ``cudaStream_t`` handle) on ``device``, the current device."""
+        key = (device, stream, threading.get_ident() if stream == _PER_THREAD_STREAM else 0)
+        ptr = self._by_stream.get(key)
+        if ptr is None:
+            with self._lock:
+                ptr = self._by_stream.get(key)
+                if ptr is None:
+                    self._refill(device, stream)
+                    ptr = self._by_stream[key] = self._free[device].pop()
+        return ptr
+
+    def _refill(self, device: int, stream: int | None) -> None:
+        free = self._free.setdefault(device, [])
+        if not free:
+            base = _zeroed_device_memory(_TILE_COUNTER_BYTES * _TILE_COUNTERS_PER_SLAB, stream)
+            free.extend(base + i * _TILE_COUNTER_BYTES for i in reversed(range(_TILE_COUNTERS_PER_SLAB)))
+
+
+#: the process's tile counters
+TILE_COUNTERS = TileCounters()
 
 
 #: ABI name (a space file's ``[family] abi``) -> argument layout
-ABIS: dict[str, type] = {cls.abi: cls for cls in (FlatArgs, TmaArgs)}
+ABIS: dict[str, type] = {cls.abi: cls for cls in (FlatArgs, TmaArgs, TmaSchedArgs)}
 assert set(ABIS) == set(ABI_PARAMS), "every described ABI has a packer"
 
 
@@ -159,6 +276,7 @@ class Launcher:
         self._args = ABIS[kernel.abi](problem, kernel.abi_params)
         self._function_ptr = kernel.function.ptr
         self._geometry = (kernel.grid, kernel.threads, kernel.smem_bytes)
+        self._device = kernel.device
         self._lock = threading.Lock()
 
     def __call__(
@@ -166,7 +284,10 @@ class Launcher:
     ) -> None:
         grid, threads, smem_bytes = self._geometry
         with self._lock:  # one argument buffer: pack and launch together
-            self._args.pack(q, k, v, o, lse, softmax_scale)
+            args = self._args
+            if args.uses_tile_counter:
+                args.set_tile_counter(TILE_COUNTERS.get(self._device, stream))
+            args.pack(q, k, v, o, lse, softmax_scale)
             launch_kernel(self._function_ptr, grid, threads, smem_bytes, stream, self._args.buffer.params_address)
 
 
@@ -196,6 +317,11 @@ class Kernel:
         self.grid, self.threads, self.smem_bytes = tuple(grid), threads, smem_bytes
         self.config = dict(config)
         self.abi_params = dict(abi_params or {})  # the space's [launch.abi] values for this config and shape
+        # the device the function was loaded on (the current one), where a tile counter is needed
+        self.device: int | None = None
+        if uses_tile_counter(abi, self.abi_params):
+            self.device = _current_device()
+            TILE_COUNTERS.reserve(self.device)
         if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
             driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
 
@@ -241,6 +367,8 @@ class Kernel:
         if stream is None:
             stream = cupy.cuda.get_current_stream()
         handle = stream if isinstance(stream, int) else stream.ptr
+        if args.uses_tile_counter:
+            args.set_tile_counter(TILE_COUNTERS.get(self.device, handle))
         launch_kernel(self.function.ptr, self.grid, self.threads, self.smem_bytes, handle, args.buffer.params_address)
 
 
