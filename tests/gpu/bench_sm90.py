@@ -163,6 +163,10 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "exp2_packed_persistent": {"persistent": 1, "exp2_packed": 1},
             "exp2_packed_dynamic": {"persistent": 1, "scheduler": 1, "exp2_packed": 1},
             "one_per_block_bn192": {"block_n": 192},
+            "wgs2": {"persistent": 1, **two_wgs},
+            "wgs2_dynamic": {"persistent": 1, "scheduler": 1, **two_wgs},
+            "wgs2_bn176": {"persistent": 1, **two_wgs, "block_n": 176},
+            "wgs2_one_per_block": two_wgs,
             "one_per_block_bn176": {"block_n": 176},
         }
     )
