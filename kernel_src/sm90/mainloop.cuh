@@ -292,12 +292,8 @@ struct Consumer {
       float o_scale[2];
       if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
       uint32_t p[kPvSteps][4];
-      softmax.template exponentiate<0, 8 * kPvFirstSteps>(s);  // 8 accumulator values per k-step
-      convert_p<kSRegs, 0, kPvFirstSteps>(s, p);
-      pv_gemm(o, p, st, [&] {
-        softmax.template exponentiate<8 * kPvFirstSteps, kSRegs>(s);
-        convert_p<kSRegs, kPvFirstSteps, kPvSteps>(s, p);
-      });
+      softmax.template produce_p<0, kPvFirstSteps>(s, p);
+      pv_gemm(o, p, st, [&] { softmax.template produce_p<kPvFirstSteps, kPvSteps>(s, p); });
       st.advance();
     }
   }
@@ -314,8 +310,7 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       softmax.update_max(s, o_scale);
-      softmax.exponentiate(s);
-      convert_p(s, p);
+      softmax.produce_p(s, p);
     }
     for (--n; n >= 0; --n) {
       const KvState prev = st;
@@ -338,7 +333,7 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       const bool rescale = softmax.update_max(s, o_scale);
-      softmax.exponentiate(s);
+      softmax.exponentiate(s);  // P_{j-1} is still being read: P_j waits in s
 
       ptx::wgmma_wait<0>();
       ptx::fence_operands(o);
