@@ -949,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"plan {plan['slug']}: {len(plan['configs'])} configs; infeasible: "
                 + ", ".join(s["name"] for s in plan["skipped"])
             )
-        compile_all(plans, device, budget_s=min(170.0, time_left() - 150))
+        compile_all(plans, device, budget_s=min(170.0, time_left() - 8 * len(plans) - 40))  # ~6 s to time a shape
         for i, plan in enumerate(plans):
             reserve = 0 if args.no_ncu else NCU_RESERVE_S
             if time_left() < reserve + 20:
