@@ -42,7 +42,8 @@ def test_one_q_stage_fits_fa3s_d128_tile_persistent(space):
     two = space.validate(FA3_D128, partial=True, head_dim=128)
     reasons = space.violations(two, problem, H200)
     assert [r.split(":", 1)[0] for r in reasons] == ["smem_fits", "smem_per_sm_fits"], reasons
-    assert "247040" in reasons[0] and "232448" in reasons[0], reasons[0]
+    assert "needs 247040 B" in reasons[0] and "65536 B of Q stages" in reasons[0] and "180224 B of K/V" in reasons[0]
+    assert "allows 232448 B" in reasons[0], reasons[0]
     one = {**two, "q_stages": 1}
     assert space.check(one, problem, H200) is None
     assert space.environment(one, problem, H200)["smem_bytes"] == 214272
