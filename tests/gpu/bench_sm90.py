@@ -168,12 +168,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "wgs2_bn176": {"persistent": 1, **two_wgs, "block_n": 176},
             "wgs2_one_per_block": two_wgs,
             "one_per_block_bn176": {"block_n": 176},
-            # one Q stage: its cost on the default tile, and the tiles it lets run persistent (FA3's d128 128 x 176;
-            # d256's default)
-            "q1": {"persistent": 1, "q_stages": 1},
-            "q1_dynamic": {"persistent": 1, "scheduler": 1, "q_stages": 1},
-            "q1_wgs2_bn176": {"persistent": 1, "q_stages": 1, **two_wgs, "block_n": 176},
-            "q1_wgs2_bn176_dynamic": {"persistent": 1, "scheduler": 1, "q_stages": 1, **two_wgs, "block_n": 176},
         }
     )
     if head_dim == 64:
