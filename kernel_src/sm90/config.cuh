@@ -60,7 +60,10 @@
 #define FT_EXP2_PACKED 0  // 1: the softmax exponentiates packed fp16 pairs (ex2.approx.f16x2), which are P
 #endif
 #ifndef FT_PERSISTENT
-#define FT_PERSISTENT (FT_HEAD_DIM == 256 ? 0 : 1)  // 1: one CTA (cluster) per SM loops over the query blocks; Q in two stages
+#define FT_PERSISTENT (FT_HEAD_DIM == 256 ? 0 : 1)  // 1: one CTA (cluster) per SM loops over the query blocks
+#endif
+#ifndef FT_Q_STAGES
+#define FT_Q_STAGES 2  // Q stages of a persistent CTA (a CTA per block has one); 2 also stands for "default" there
 #endif
 #ifndef FT_CTAS_PER_SM
 #define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
@@ -89,7 +92,7 @@
 // ---- derived -------------------------------------------------------------------------
 #ifndef FT_SMEM_BYTES
 #define FT_SMEM_BYTES \
-  ((64 * FT_CONSUMER_WGS * (1 + FT_PERSISTENT) + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2 + 1024 + 256)
+  ((64 * FT_CONSUMER_WGS * (FT_PERSISTENT ? FT_Q_STAGES : 1) + 2 * FT_KV_STAGES * FT_BLOCK_N) * FT_HEAD_DIM * 2 + 1024 + 256)
 #endif
 
 namespace ft_sm90 {
@@ -128,9 +131,10 @@ constexpr int kThreads = 128 * (kConsumerWgs + 1);   // one producer warpgroup +
 constexpr int kPanelCols = 64;                       // 16-bit columns per 128-byte swizzle row
 constexpr int kPanels = kHeadDim / kPanelCols;       // TMA boxes (and smem panels) per tile
 constexpr int kKvBoxRows = kBlockN / kClusterCtas;  // K/V rows each CTA of a cluster loads (and multicasts)
-// Q stages: a persistent CTA loads the next work unit's Q into the other one while a unit computes.
-// The O of a unit is staged in its Q stage (each consumer warpgroup in its own rows).
-constexpr int kQStages = kPersistent ? 2 : 1;
+// Q stages: with two, a persistent CTA loads the next work unit's Q into the other one while a unit
+// computes; with one, once the unit's O store has read the stage. The O of a unit is staged in its Q
+// stage (each consumer warpgroup in its own rows).
+constexpr int kQStages = kPersistent ? FT_Q_STAGES : 1;
 constexpr int kSmemOptin = FT_SMEM_PER_BLOCK_OPTIN;
 constexpr int kSmemPerSm = FT_SMEM_PER_SM;
 constexpr int kSmemReservedPerBlock = FT_SMEM_RESERVED_PER_BLOCK;
@@ -170,6 +174,9 @@ static_assert(kSmemBytes <= kSmemOptin,
 static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
 static_assert(kCtasPerSm * (kSmemBytes + kSmemReservedPerBlock) <= kSmemPerSm,
               "ctas_per_sm CTAs do not fit the SM's shared memory FT_SMEM_PER_SM (smem_per_sm_fits)");
+static_assert(FT_Q_STAGES == 1 || FT_Q_STAGES == 2, "q_stages: 1 or 2");
+static_assert(kPersistent || FT_Q_STAGES == 2,
+              "q_stages=1 sets the Q stages of a persistent CTA; a CTA per block has one anyway: set q_stages=2 or persistent=1");
 static_assert(FT_SCHEDULER == 0 || FT_SCHEDULER == 1, "scheduler: 0 (static snake) or 1 (dynamic)");
 static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders the units of persistent CTAs");
 static_assert(!kDynamicScheduler || kClusterCtas == 1,

@@ -1,9 +1,11 @@
 // Epilogue of one consumer warpgroup: O (fp32 accumulators, already normalised) -> 16-bit,
 // staged in this warpgroup's rows of the unit's Q stage (its last S GEMM has read them) in the
 // TMA's swizzled layout, then one TMA store per 64-column panel (rows past seqlen_q are clipped
-// by the tensor map). LSE is written directly by the thread owning each row. The store runs on
-// into the next work unit of a persistent CTA: the stage is held (StoreHeldStage) until the
-// next unit's first S GEMM, then handed back to the producer for the Q two units on.
+// by the tensor map). LSE is written directly by the thread owning each row. In a persistent CTA
+// with two Q stages the store runs on into the next work unit: the stage is held (StoreHeldStage)
+// until the next unit's first S GEMM, then handed back to the producer for the Q two units on.
+// With one Q stage the next unit's Q goes into this very stage, and the consumers wait for it
+// before that unit's first S GEMM: the stage is handed back at the end of this epilogue.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ template <int kO>
 __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo& blk, int q_stage, int wg, int warp,
                                             int lane, const float (&o)[kO], const float (&lse)[2],
                                             const ptx::TmaDesc* tma_o, float* __restrict__ lse_out, int heads_q,
-                                            StoreHeldStage<kQStages>& held) {
+                                            StoreHeldStage<kQStages, kPersistent>& held) {
   const bool storing_thread = warp == 0 && lane == 0;
   // A unit without a first S GEMM for these rows has not handed the previous stage back yet.
   // Afterwards only this warpgroup's last store may still be in flight.
@@ -63,6 +65,9 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
       if (row < blk.seqlen_q) lse_row[row] = lse[h];
     }
   }
+  // One Q stage: waiting for the next unit's Q (which waits for this release) before handing the
+  // stage back would deadlock; the LSE stores above overlap the store's read.
+  if constexpr (kQStages == 1) held.release(smem.q_ring, storing_thread);
 }
 
 // Before a consumer warpgroup exits: its last store must have read shared memory.

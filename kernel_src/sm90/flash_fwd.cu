@@ -3,7 +3,7 @@
 // One producer warpgroup (a single thread issues every TMA load) and kConsumerWgs consumer
 // warpgroups of 64 query rows each; registers move from producer to consumers with
 // setmaxnreg; kCtasPerSm CTAs share an SM. Work units and their order: tile_scheduler.cuh (one
-// per CTA, or a persistent loop with two Q stages). With FT_CTA_MODE=2 the CTAs come in clusters
+// per CTA, or a persistent loop with one or two Q stages). With FT_CTA_MODE=2 the CTAs come in clusters
 // of two along the query blocks and each loads half of every K/V tile for both. Semantics:
 // kernel_src/README.md; ABI sm90_tma_sched: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
 // LSE as a pointer, and the dynamic scheduler's zeroed counter (FT_SCHEDULER=1; null and unread otherwise).

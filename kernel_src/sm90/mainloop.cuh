@@ -20,7 +20,7 @@ namespace ft_sm90 {
 
 using KvState = PipelineState<kKvStages>;
 using QState = PipelineState<kQStages>;          // a work unit's Q stage (and O staging tile) and phase
-using HeldQStage = StoreHeldStage<kQStages>;     // the previous unit's stage while its O store may read it
+using HeldQStage = StoreHeldStage<kQStages, kPersistent>;  // a unit's stage while its O store may read it
 constexpr int kSRegs = kBlockN / 2;    // S accumulator values per consumer thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator values per consumer thread
 constexpr int kPvSteps = kBlockN / 16; // k-steps of O += P V
@@ -45,13 +45,17 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const ptx::TmaDesc*
 }
 
 // Every work unit of this CTA: its Q into the unit's stage, as soon as the O store of the unit
-// that used the stage before has read it (a persistent CTA has two stages: that unit is two back,
-// and its store is waited for early in the unit in between, so the next unit's Q and its first K/V
-// tiles load while this one computes), then K and V of each key block, last first, into the rings
-// (which run on across units). FT_SCHEDULER=1: each unit's id goes into shared memory next to its
-// Q stage (q_unit) before the stage's full barrier is armed, the next unit is fetched from the
-// counter once this one's loads are issued, and after the last one the next stage, once free, gets
-// -1 and a completed phase without bytes: the consumers' signal to stop.
+// that used the stage before has read it, and K and V of each key block, last first, into the
+// rings (which run on across units). Two Q stages (persistent): that unit is two back, and its
+// store is waited for early in the unit in between, so the next unit's Q and then its first K/V
+// tiles load while this one computes. One Q stage (persistent): that unit is the previous one,
+// whose epilogue releases the stage, so the first K/V tiles go first, at most the ring's depth of
+// them (their stages were freed by consumers of earlier units, which never wait for this Q; one
+// more would wait for a stage that only this unit's consumers free, after this Q: deadlock), and
+// land while the previous unit finishes. FT_SCHEDULER=1: each unit's id goes into shared memory
+// next to its Q stage (q_unit) before the stage's full barrier is armed, the next unit is fetched
+// from the counter once this one's loads are issued, and after the last one the next stage, once
+// free, gets -1 and a completed phase without bytes: the consumers' signal to stop.
 __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileScheduler sched, int rank, int seqlen_q,
                                                int seqlen_k, int heads_q, int heads_kv, const ptx::TmaDesc* tma_q,
                                                const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v,
@@ -75,13 +79,9 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
       smem.q_ring.producer_skip(qs, publish);
       continue;
     }
-    const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes, publish);
-    const uint32_t q_tile = ptx::smem_addr(smem.q[qs.index]);
-    for (int p = 0; p < kPanels; ++p)
-      ptx::tma_load_4d(q_tile + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head, blk.batch,
-                       evict_first);
-    for (int n = blk.n_block_max - 1; n >= 0; --n) {
-      // each CTA's full barrier expects the whole tile: its own half and the peer's
+    // K and V of key block n into the rings' next stage; each CTA's full barrier expects the whole
+    // tile: its own half and the peer's
+    const auto load_kv = [&](int n) {
       if constexpr (kSplitKvBarriers) {
         load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n,
                      blk, rank, evict_last);
@@ -93,7 +93,16 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
         load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, bar, n, blk, rank, evict_last);
       }
       st.advance();
-    }
+    };
+    int n = blk.n_block_max - 1;
+    if constexpr (kPersistent && kQStages == 1)
+      for (const int n_end = n - kKvStages; n > n_end && n >= 0; --n) load_kv(n);  // ahead of Q
+    const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes, publish);
+    const uint32_t q_tile = ptx::smem_addr(smem.q[qs.index]);
+    for (int p = 0; p < kPanels; ++p)
+      ptx::tma_load_4d(q_tile + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head, blk.batch,
+                       evict_first);
+    for (; n >= 0; --n) load_kv(n);
   }
   if constexpr (kDynamicScheduler) {
     sched.retire(tile_counter);
@@ -201,7 +210,7 @@ struct Consumer {
   // for the unit's Q stage (FT_SCHEDULER=1: consumer_unit has): Q landed (a unit without key blocks:
   // the stage handed over unloaded), after which this warpgroup may also stage its O there. `held`:
   // the previous unit's stage, released to the producer after this unit's first S GEMM (else in the
-  // epilogue).
+  // epilogue; with one Q stage, the previous unit's epilogue has).
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                       HeldQStage& held) const {
     if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);
@@ -232,7 +241,8 @@ struct Consumer {
   }
 
   // The previous unit's Q stage, once this warpgroup's O store has read it: the producer may
-  // load the next unit's Q there (a no-op once released, and without a persistent CTA).
+  // load the unit two on's Q there (a no-op once released, with one Q stage, and without a
+  // persistent CTA).
   __device__ __forceinline__ void release_held(HeldQStage& held) const {
     held.release(smem.q_ring, warp == 0 && lane == 0);  // the thread that issued the store
   }

@@ -84,16 +84,17 @@ struct RingBarriers {
 // in which the previous work unit's O was staged). `release` is called by the whole warpgroup;
 // the thread that issued the store waits until the store has read shared memory and then
 // arrives, once, on the stage's empty barrier (one arrival per consumer warpgroup).
-template <int kStages>
+// kReloaded = false (one unit per CTA): the stage is never loaded again, nothing to hand back.
+template <int kStages, bool kReloaded>
 struct StoreHeldStage {
   int index = -1;  // the held stage, or -1 (warp-uniform)
 
   __device__ __forceinline__ void hold(int stage) {
-    if constexpr (kStages > 1) index = stage;  // a single stage is never reloaded: nothing to hand back
+    if constexpr (kReloaded) index = stage;
   }
 
   __device__ __forceinline__ void release(RingBarriers<kStages>& ring, bool storing_thread) {
-    if constexpr (kStages > 1) {
+    if constexpr (kReloaded) {
       if (index >= 0) {
         if (storing_thread) {
           ptx::tma_store_wait_read();

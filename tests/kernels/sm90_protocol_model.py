@@ -3,7 +3,7 @@
 It mirrors, step by step, what ``kernel_src/sm90`` does with mbarriers, named barriers, TMA
 loads and stores and wgmma groups: the producer thread of every CTA (``producer_loads``), every
 consumer warp (``Consumer::run``, both loops, the causal skip, ping-pong turns, the epilogue and
-the persistent CTA's two Q stages), the 2-CTA cluster's multicast halves and remote arrivals, and
+the persistent CTA's one or two Q stages), the 2-CTA cluster's multicast halves and remote arrivals, and
 the dynamic scheduler (``scheduler=1``): the CTAs of a grid run together, their producers take units
 from one shared tile counter and hand each unit's id to the consumers next to its Q stage, -1 when
 none is left.
@@ -45,7 +45,8 @@ class ProtocolError(AssertionError):
 FAULTS = {
     "release_before_store_read": "hand a Q stage back without waiting for the O store that reads it",
     "release_q_after_last_s_gemm": "hand the Q stage back after the unit's last S GEMM although O is staged in it",
-    "one_q_stage": "a persistent CTA with a single Q stage",
+    "one_q_stage_held_over": "q_stages = 1: the Q stage held over to the next unit's first S GEMM, as with two",
+    "kv_ahead_past_ring": "q_stages = 1: one K/V block more than the ring's depth loaded ahead of the unit's Q",
     "skip_without_wait": "for a unit without key blocks, complete q_full without waiting for the stage",
     "no_arrive_for_empty_unit": "for a unit without key blocks, do not complete q_full at all",
     "no_store_drain": "exit without waiting for the last O store",
@@ -70,6 +71,7 @@ class Knobs:
     kv_barriers: int = 2
     cta_mode: int = 1
     persistent: bool = False
+    q_stages: int = 2  # the knob: a persistent CTA's Q stages (config.cuh FT_Q_STAGES)
     pingpong: bool = False
     intra_wg_overlap: bool = True
     pv_split: bool = False
@@ -84,6 +86,8 @@ class Knobs:
             raise ValueError("pv_split splits the serial loop's P.V")
         if self.pingpong and self.consumer_wgs < 2:
             raise ValueError("ping-pong needs two consumer warpgroups")
+        if self.q_stages not in (1, 2) or (self.q_stages == 1 and not self.persistent):
+            raise ValueError("q_stages: 1 or 2, and 1 only in a persistent CTA")
         if self.scheduler and not (self.persistent and self.cta_mode == 1):
             raise ValueError("the dynamic scheduler needs persistent CTAs and cta_mode = 1")
 
@@ -92,8 +96,8 @@ class Knobs:
         return 64 * self.consumer_wgs
 
     @property
-    def q_stages(self) -> int:  # config.cuh kQStages
-        return 2 if self.persistent and "one_q_stage" not in self.faults else 1
+    def q_ring_stages(self) -> int:  # config.cuh kQStages
+        return self.q_stages if self.persistent else 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,10 +333,10 @@ class Cta:
         self.exited = False
         # dynamic scheduler: SharedStorage::q_unit, (unit id, the stage's use it was written for), and which
         # consumer warps (wg, warp) read it
-        self.q_unit: list[tuple[int, int] | None] = [None] * k.q_stages
-        self.q_unit_readers: list[set[tuple[int, int]]] = [set() for _ in range(k.q_stages)]
-        self.q_full = [MBarrier(f"{self.name}.q_full[{i}]", 1, self) for i in range(k.q_stages)]
-        self.q_empty = [MBarrier(f"{self.name}.q_empty[{i}]", k.consumer_wgs, self) for i in range(k.q_stages)]
+        self.q_unit: list[tuple[int, int] | None] = [None] * k.q_ring_stages
+        self.q_unit_readers: list[set[tuple[int, int]]] = [set() for _ in range(k.q_ring_stages)]
+        self.q_full = [MBarrier(f"{self.name}.q_full[{i}]", 1, self) for i in range(k.q_ring_stages)]
+        self.q_empty = [MBarrier(f"{self.name}.q_empty[{i}]", k.consumer_wgs, self) for i in range(k.q_ring_stages)]
         arrivals = 4 * k.consumer_wgs * k.cta_mode  # every consumer warp of every CTA that reads the stage
         self.k_full = [MBarrier(f"{self.name}.k_full[{i}]", 1, self) for i in range(k.kv_stages)]
         self.k_empty = [MBarrier(f"{self.name}.k_empty[{i}]", arrivals, self) for i in range(k.kv_stages)]
@@ -340,7 +344,7 @@ class Cta:
         self.v_empty = [MBarrier(f"{self.name}.v_empty[{i}]", arrivals, self) for i in range(k.kv_stages)]
         self.qo = [
             [Slot(f"{self.name}.q[{i}] rows of wg{w}", 4, self) for w in range(k.consumer_wgs)]
-            for i in range(k.q_stages)
+            for i in range(k.q_ring_stages)
         ]
         self.k = [Slot(f"{self.name}.k[{i}]", k.cta_mode, self) for i in range(k.kv_stages)]
         self.v = [Slot(f"{self.name}.v[{i}]", k.cta_mode, self) for i in range(k.kv_stages)]
@@ -493,8 +497,7 @@ class Model:
     # -- the producer thread (mainloop.cuh producer_loads) ----------------------------------------------
     def producer(self, cta: Cta) -> Iterator[Cond]:
         k, faults = self.knobs, self.knobs.faults
-        st, qs = Ring(k.kv_stages), Ring(k.q_stages)
-        tile = 2  # bytes of a K or V tile, in halves of a 2-CTA cluster's shares
+        st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
         # the loop's step: the next unit (dynamic: fetched once this one's loads are issued)
         for unit in self.dynamic_units(cta) if k.scheduler else cta.units:
             if unit.n_block_max <= 0:  # q_ring.producer_skip
@@ -504,6 +507,11 @@ class Model:
                 qs.advance()
                 yield None
                 continue
+            n = unit.n_block_max - 1
+            if k.persistent and k.q_stages == 1:  # the first K/V blocks ahead of Q, at most the ring's depth
+                for _ in range(min(unit.n_block_max, k.kv_stages + ("kv_ahead_past_ring" in faults))):
+                    yield from self.load_kv_block(cta, unit, n, st)
+                    n -= 1
             yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)  # q_ring.producer_acquire
             bar = cta.q_full[qs.index]
             bar.expect_tx(1)
@@ -518,23 +526,8 @@ class Model:
 
             yield from self.publish_and_arrive(cta, qs, unit.index, then=load_q)
             yield None
-            for n in reversed(range(unit.n_block_max)):
-                if k.kv_barriers == 2:  # K and V each on their own ring's barriers
-                    for ring in ("k", "v"):
-                        full, empty = getattr(cta, f"{ring}_full"), getattr(cta, f"{ring}_empty")
-                        yield from self.wait(empty[st.index], st.phase ^ 1, st.use - 1)
-                        full[st.index].expect_tx(tile)
-                        full[st.index].arrive()
-                        self.load_kv_tile(ring, f"{ring}_full", st, (ring.upper(), unit.index, n), tile, cta.rank)
-                        yield None
-                else:  # both on the K ring's
-                    yield from self.wait(cta.k_empty[st.index], st.phase ^ 1, st.use - 1)
-                    cta.k_full[st.index].expect_tx(tile if "kv1_v_bytes_missing" in faults else 2 * tile)
-                    cta.k_full[st.index].arrive()
-                    self.load_kv_tile("k", "k_full", st, ("K", unit.index, n), tile, cta.rank)
-                    self.load_kv_tile("v", "k_full", st, ("V", unit.index, n), tile, cta.rank)
-                    yield None
-                st.advance()
+            for block in range(n, -1, -1):
+                yield from self.load_kv_block(cta, unit, block, st)
             qs.advance()
         if k.scheduler:  # TileScheduler::retire, then -1 into the next stage once it is free
             if "no_retire" not in faults:
@@ -543,6 +536,26 @@ class Model:
                 yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
             yield from self.publish_and_arrive(cta, qs, -1, "no_sentinel" not in faults)
         yield from self.exit(cta)
+
+    def load_kv_block(self, cta: Cta, unit: Unit, n: int, st: Ring) -> Iterator[Cond]:
+        """K and V of key block n into the rings' next stage (the producer's load_kv)."""
+        k, tile = self.knobs, 2  # bytes of a K or V tile, in halves of a 2-CTA cluster's shares
+        if k.kv_barriers == 2:  # K and V each on their own ring's barriers
+            for ring in ("k", "v"):
+                full, empty = getattr(cta, f"{ring}_full"), getattr(cta, f"{ring}_empty")
+                yield from self.wait(empty[st.index], st.phase ^ 1, st.use - 1)
+                full[st.index].expect_tx(tile)
+                full[st.index].arrive()
+                self.load_kv_tile(ring, f"{ring}_full", st, (ring.upper(), unit.index, n), tile, cta.rank)
+                yield None
+        else:  # both on the K ring's
+            yield from self.wait(cta.k_empty[st.index], st.phase ^ 1, st.use - 1)
+            cta.k_full[st.index].expect_tx(tile if "kv1_v_bytes_missing" in k.faults else 2 * tile)
+            cta.k_full[st.index].arrive()
+            self.load_kv_tile("k", "k_full", st, ("K", unit.index, n), tile, cta.rank)
+            self.load_kv_tile("v", "k_full", st, ("V", unit.index, n), tile, cta.rank)
+            yield None
+        st.advance()
 
     def dynamic_units(self, cta: Cta) -> Iterator[Unit]:
         """The units of a CTA under the dynamic scheduler: its own index first, then one fetched from the
@@ -600,7 +613,7 @@ class Model:
     # -- a consumer warp (mainloop.cuh Consumer, epilogue.cuh) -------------------------------------------
     def consumer(self, cta: Cta, wg: int, warp: int) -> Iterator[Cond]:
         k, s, faults = self.knobs, self.shape, self.knobs.faults
-        st, qs = Ring(k.kv_stages), Ring(k.q_stages)
+        st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
         held: list[int | None] = [None]  # StoreHeldStage::index
         commits = [0]  # this warp's wgmma commits: the number of its warpgroup's next group
         if k.pingpong and wg == k.consumer_wgs - 1:  # open_gemm_turns
@@ -646,8 +659,11 @@ class Model:
             yield lambda: cta.epilogue[wg].generation > generation  # noqa: B023 - waited on before the next loop
             if warp == 0 and first_row < s.seqlen_q:
                 self.tma_store(cta, wg, cta.qo[qs.index][wg], unit)
-            if k.q_stages > 1 and "release_q_after_last_s_gemm" not in faults:
+            if k.persistent and "release_q_after_last_s_gemm" not in faults:
                 held[0] = qs.index  # StoreHeldStage::hold
+            yield None  # the LSE stores
+            if k.q_ring_stages == 1 and "one_q_stage_held_over" not in faults:
+                yield from self.release_held(cta, wg, warp, held)  # the next unit's Q goes into this stage
             qs.advance()
             yield None
         if k.pingpong and wg == 0:  # close_gemm_turns

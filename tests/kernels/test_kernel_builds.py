@@ -97,6 +97,30 @@ SM90_REPRESENTATIVE = {
         "block_n": 64,
         "scheduler": 1,
     },
+    # one Q stage in a persistent CTA (the stage handed back in each epilogue, K/V loaded ahead of Q): FA3's
+    # 128 x 176 tile, whose second Q stage does not fit at head dim 128; with the dynamic scheduler; in a cluster
+    # with the serial loop on one K/V barrier pair and ping-pong
+    "one_q_stage_fa3_tile": {
+        "block_n": 176,
+        "consumer_wgs": 2,
+        "kv_stages": 2,
+        "persistent": 1,
+        "q_stages": 1,
+        "producer_regs": 24,
+        "consumer_regs": 240,
+    },
+    "one_q_stage_dynamic": {"persistent": 1, "q_stages": 1, "scheduler": 1},
+    "one_q_stage_cluster_serial_shared_kv_barriers_pingpong": {
+        "persistent": 1,
+        "q_stages": 1,
+        "consumer_wgs": 2,
+        "cta_mode": 2,
+        "producer_regs": 32,
+        "consumer_regs": 232,
+        "intra_wg_overlap": 0,
+        "kv_barriers": 1,
+        "pingpong": 1,
+    },
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -149,6 +173,7 @@ SM90_D256_REPRESENTATIVE = {
         "persistent": 1,
     },
     "d256_shared_kv_barriers_cluster": {"kv_barriers": 1, "cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "d256_persistent_one_q_stage": {"persistent": 1, "q_stages": 1},  # two Q stages do not fit at d256
     "d256_one_wg_dynamic": {
         "consumer_wgs": 1,
         "producer_regs": 56,

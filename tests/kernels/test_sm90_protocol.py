@@ -4,7 +4,8 @@ Producer, consumer warps, TMA loads and stores and wgmma groups of kernel_src/sm
 agents that a seeded random scheduler interleaves; every read must see its tile, no tile may be
 overwritten while read, every parity wait must ask about the phase it means, nothing may deadlock
 and every O must be stored once. Covered: one unit per CTA and persistent CTAs (two Q stages,
-the O store held over into the next unit), 2-CTA clusters, ping-pong, both loops, pv_split,
+the O store held over into the next unit; one Q stage, handed back at the end of each unit's
+epilogue, the first K/V blocks loaded ahead of Q), 2-CTA clusters, ping-pong, both loops, pv_split,
 kv_barriers 1 and 2, kv_stages 2 and 3, causal shapes whose units or warpgroups see no key, and the
 dynamic scheduler (CTAs of one grid racing for units on one tile counter, each unit's id handed to the
 consumers next to its Q stage, -1 to stop).
@@ -41,6 +42,16 @@ CONFIGS = {
         persistent=True, cta_mode=2, kv_barriers=1, intra_wg_overlap=False, pv_split=True, block_n=64
     ),
     "persistent_cluster_pingpong_kv1": Knobs(persistent=True, cta_mode=2, pingpong=True, kv_barriers=1, block_n=64),
+    # one Q stage: released at the end of each unit's epilogue, the first K/V blocks loaded ahead of Q
+    "one_q_stage": Knobs(persistent=True, q_stages=1, block_n=64),
+    "one_q_stage_serial_kv_stages_3": Knobs(
+        persistent=True, q_stages=1, intra_wg_overlap=False, kv_stages=3, block_n=64
+    ),
+    "one_q_stage_cluster_kv1": Knobs(persistent=True, q_stages=1, cta_mode=2, kv_barriers=1, block_n=64),
+    "one_q_stage_three_wgs_pingpong": Knobs(persistent=True, q_stages=1, consumer_wgs=3, pingpong=True, block_n=64),
+    "one_q_stage_one_wg_serial_pv_split": Knobs(
+        persistent=True, q_stages=1, consumer_wgs=1, intra_wg_overlap=False, pv_split=True, block_n=64
+    ),
     "dynamic": Knobs(persistent=True, scheduler=1, block_n=64),
     "dynamic_serial_kv1_kv_stages_3": Knobs(
         persistent=True, scheduler=1, intra_wg_overlap=False, kv_barriers=1, kv_stages=3, block_n=64
@@ -48,6 +59,10 @@ CONFIGS = {
     "dynamic_three_wgs_pingpong": Knobs(persistent=True, scheduler=1, consumer_wgs=3, pingpong=True, block_n=64),
     "dynamic_one_wg_serial_pv_split": Knobs(
         persistent=True, scheduler=1, consumer_wgs=1, intra_wg_overlap=False, pv_split=True, block_n=64
+    ),
+    "dynamic_one_q_stage": Knobs(persistent=True, scheduler=1, q_stages=1, block_n=64),
+    "dynamic_one_q_stage_serial_kv1_pingpong": Knobs(
+        persistent=True, scheduler=1, q_stages=1, intra_wg_overlap=False, kv_barriers=1, pingpong=True, block_n=64
     ),
 }
 
@@ -85,30 +100,48 @@ def test_persistent_ctas_take_several_units_and_some_see_no_key():
     assert kinds == {True, False}
 
 
+#: the faults of one Q stage (the others are planted with two, and those of the stage's handback with one too)
+ONE_Q_STAGE_FAULTS = frozenset({"one_q_stage_held_over", "kv_ahead_past_ring"})
 # fault -> the knobs it needs (a persistent CTA; kv_barriers = 1 for the shared-barrier faults; the dynamic
-# scheduler for its own)
+# scheduler for its own; one Q stage for its own)
 FAULT_KNOBS = {
     name: Knobs(
         persistent=True,
         block_n=64,
         kv_barriers=1 if name.startswith("kv1") else 2,
         scheduler=int(name in DYNAMIC_FAULTS),
+        q_stages=1 if name in ONE_Q_STAGE_FAULTS else 2,
         faults=frozenset([name]),
     )
     for name in FAULTS
 }
+FAULT_CASES = (
+    [(name, knobs) for name, knobs in FAULT_KNOBS.items()]
+    + [
+        (f"{name}@one_q_stage", Knobs(persistent=True, block_n=64, q_stages=1, faults=frozenset([name])))
+        # not no_store_drain: with one stage every unit's epilogue has waited for its store's read
+        for name in ("release_before_store_read", "skip_without_wait")
+    ]
+    + [
+        (
+            "one_q_stage_held_over@dynamic",
+            Knobs(persistent=True, block_n=64, q_stages=1, scheduler=1, faults=frozenset(["one_q_stage_held_over"])),
+        )
+    ]
+)
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_planted_fault_is_caught(fault):
+@pytest.mark.parametrize(("case", "knobs"), FAULT_CASES, ids=[c for c, _ in FAULT_CASES])
+def test_a_planted_fault_is_caught(case, knobs):
     caught = []
     for seed in range(6):
         for shape in SHAPES[:3]:
             try:
-                simulate(FAULT_KNOBS[fault], shape, seed=seed)
+                simulate(knobs, shape, seed=seed)
             except ProtocolError as e:
                 caught.append(str(e))
-    assert caught, f"the model misses the fault {fault!r}: {FAULTS[fault]}"
+    fault = case.split("@")[0]
+    assert caught, f"the model misses the fault {fault!r} ({case}): {FAULTS[fault]}"
 
 
 def test_an_ambiguous_parity_wait_is_an_error():
