@@ -193,6 +193,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         v["fa3_d128"] = {"persistent": 1, "q_stages": 1, "block_n": 176}  # FA3's d128 tile, persistent: one Q stage
         v["fa3_d128_dynamic"] = {"persistent": 1, "q_stages": 1, "block_n": 176, "scheduler": 1}
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
+    v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
     v = {
         name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
