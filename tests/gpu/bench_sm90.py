@@ -91,7 +91,6 @@ ABBREV = {
     "pingpong": "pp",
     "pv_split": "pvs",
     "poly_exp": "poly",
-    "exp2_packed": "ex2h",
     "cta_mode": "cta",
     "persistent": "pers",
     "ctas_per_sm": "ctas",
@@ -183,9 +182,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                 "wgs3_serial_bn160_poly2": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "poly_exp": 2},
                 "ctas2_poly2": {"poly_exp": 2, **ctas2},
                 "ctas2_bn192": {**ctas2, "block_n": 192},
-                # packed fp16 exponentials need rescale_slack <= 2: the slack alone, then both (fp16 shapes only)
-                "persistent_slack2": {"persistent": 1, "rescale_slack": 2},
-                "persistent_exp2_packed": {"persistent": 1, "exp2_packed": 1, "rescale_slack": 2},
             }
         )
     else:
