@@ -50,27 +50,4 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-// 2^x of both fp16 halves of x (ex2.approx.f16x2, sm_75+; exp2(-inf) = +0). On sm_90 ptxas emits two
-// MUFU.EX2.F16 and a PRMT: no fewer MUFU ops than two fp32 exponentials, but the result is a packed fp16
-// pair (the P fragment), so the f32 -> f16 pack of P moves before the exponential, onto x.
-__device__ __forceinline__ uint32_t exp2_f16x2(uint32_t x) {
-  uint32_t y;
-  asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
-// a + b of two packed fp16 pairs, lane by lane (HADD2, round to nearest)
-__device__ __forceinline__ uint32_t hadd2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// The low and high fp16 halves of a packed pair as fp32 (exact).
-__device__ __forceinline__ void unpack_f16x2(uint32_t x, float& lo, float& hi) {
-  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
-      : "=f"(lo), "=f"(hi)
-      : "r"(x));
-}
-
 }  // namespace ft_common

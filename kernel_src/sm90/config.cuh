@@ -56,9 +56,6 @@
 #ifndef FT_POLY_EXP
 #define FT_POLY_EXP 0  // of every 8 exponentials of the softmax, this many on the FMA pipe (0 = all MUFU)
 #endif
-#ifndef FT_EXP2_PACKED
-#define FT_EXP2_PACKED 0  // 1: the softmax exponentiates packed fp16 pairs (ex2.approx.f16x2), which are P
-#endif
 #ifndef FT_PERSISTENT
 #define FT_PERSISTENT (FT_HEAD_DIM == 256 ? 0 : 1)  // 1: one CTA (cluster) per SM loops over the query blocks
 #endif
@@ -122,7 +119,6 @@ constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kCtasPerSm = FT_CTAS_PER_SM;
 constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
-constexpr bool kExp2Packed = FT_EXP2_PACKED != 0;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
 constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
@@ -165,9 +161,6 @@ static_assert(kPvSplit == 0 || !kIntraWgOverlap,
               "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
 static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
-static_assert(FT_EXP2_PACKED == 0 || FT_EXP2_PACKED == 1, "exp2_packed: 0 or 1");
-static_assert(!kExp2Packed || (kPolyExp == 0 && !kIsBf16 && FT_RESCALE_SLACK <= 2),
-              "exp2_packed needs poly_exp 0, fp16 and rescale_slack <= 2 (exp2_packed_fits)");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
 static_assert(kSmemBytes <= kSmemOptin,
               "shared memory per CTA exceeds the device's opt-in limit FT_SMEM_PER_BLOCK_OPTIN (smem_fits)");

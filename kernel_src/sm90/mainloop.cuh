@@ -302,8 +302,12 @@ struct Consumer {
       float o_scale[2];
       if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
       uint32_t p[kPvSteps][4];
-      softmax.template produce_p<0, kPvFirstSteps>(s, p);
-      pv_gemm(o, p, st, [&] { softmax.template produce_p<kPvFirstSteps, kPvSteps>(s, p); });
+      softmax.template exponentiate<0, 8 * kPvFirstSteps>(s);  // 8 accumulator values per k-step
+      convert_p<kSRegs, 0, kPvFirstSteps>(s, p);
+      pv_gemm(o, p, st, [&] {
+        softmax.template exponentiate<8 * kPvFirstSteps, kSRegs>(s);
+        convert_p<kSRegs, kPvFirstSteps, kPvSteps>(s, p);
+      });
       st.advance();
     }
   }
@@ -320,7 +324,8 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       softmax.update_max(s, o_scale);
-      softmax.produce_p(s, p);
+      softmax.exponentiate(s);
+      convert_p(s, p);
     }
     for (--n; n >= 0; --n) {
       const KvState prev = st;
@@ -343,7 +348,7 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       const bool rescale = softmax.update_max(s, o_scale);
-      softmax.exponentiate(s);  // P_{j-1} is still being read: P_j waits in s
+      softmax.exponentiate(s);
 
       ptx::wgmma_wait<0>();
       ptx::fence_operands(o);

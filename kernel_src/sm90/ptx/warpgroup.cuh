@@ -34,10 +34,7 @@ __device__ __forceinline__ bool elect_one() {
 
 // Fast exp2 and 16-bit packing: shared with the other families.
 using ::ft_common::exp2_approx;
-using ::ft_common::exp2_f16x2;
 using ::ft_common::exp2_poly;
-using ::ft_common::hadd2;
 using ::ft_common::pack2;
-using ::ft_common::unpack_f16x2;
 
 }  // namespace ft_sm90::ptx

@@ -39,14 +39,6 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// A register copy the compiler keeps where it stands (volatile: ordered with the wgmma waits), so that
-// a value made while a wgmma reads the destination's registers is moved into them only after the wait.
-__device__ __forceinline__ uint32_t mov_b32(uint32_t x) {
-  uint32_t y;
-  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-
 template <typename T, int N>
 __device__ __forceinline__ void fence_operands(T (&r)[N]) {
 #pragma unroll
