@@ -66,7 +66,7 @@
 #define FT_CTAS_PER_SM 1  // CTAs resident per SM: the __launch_bounds__ minimum
 #endif
 #ifndef FT_SCHEDULER
-#define FT_SCHEDULER 0  // order of a persistent CTA's units: 0 static snake, 1 dynamic (global atomic counter)
+#define FT_SCHEDULER (FT_HEAD_DIM == 256 ? 0 : 1)  // persistent units: 0 static snake, 1 dynamic (atomic counter)
 #endif
 
 // ---- device limits -----------------------------------------------------------------------

@@ -159,9 +159,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "dynamic_kv3": {"persistent": 1, "scheduler": 1, "kv_stages": 3},
             "dynamic_bn176": {"persistent": 1, "scheduler": 1, "block_n": 176},
             "dynamic_bn192": {"persistent": 1, "scheduler": 1, "block_n": 192},
-            "exp2_packed": {"exp2_packed": 1},
-            "exp2_packed_persistent": {"persistent": 1, "exp2_packed": 1},
-            "exp2_packed_dynamic": {"persistent": 1, "scheduler": 1, "exp2_packed": 1},
             "one_per_block_bn192": {"block_n": 192},
             "wgs2": {"persistent": 1, **two_wgs},
             "wgs2_dynamic": {"persistent": 1, "scheduler": 1, **two_wgs},
@@ -173,8 +170,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     if head_dim == 64:
         v.update(
             {
-                "exp2_packed_wgs3": {"exp2_packed": 1, **wgs3},
-                "exp2_packed_bn192": {"exp2_packed": 1, "block_n": 192},
                 "poly2": {"poly_exp": 2},
                 "poly4": {"poly_exp": 4},
                 "wgs3_poly2": {"poly_exp": 2, **wgs3},
@@ -459,7 +454,7 @@ def add_peers(_: object = None) -> dict:
 
         def run(backend=backend):
             with sdpa_kernel(getattr(SDPBackend, backend)):
-                return sdpa(q, k, v, is_causal=p.causal, scale=_G["scale"])
+                return sdpa(q, k, v, is_causal=p.causal, scale=_G["scale"], enable_gqa=p.heads_q != p.heads_kv)
 
         try:
             result = run()

@@ -171,8 +171,8 @@ def test_host_time_of_the_python_part_is_small(gpu):
 
 
 def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
-    """Family sm90 (ABI sm90_tma_sched): each map gets the tensor's address, shape and byte strides; the default
-    (static) scheduler gets a null tile counter."""
+    """Family sm90 (ABI sm90_tma_sched): each map gets the tensor's address, shape and byte strides; the static
+    scheduler gets a null tile counter."""
     from tests.fakes.standin_launch import fake_tensor_map_encoder
     from tuner.gpu import _tma as tma
 
@@ -182,7 +182,9 @@ def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
     packed = torch.randn(2, 300, 2, 8, 128, dtype=torch.bfloat16)
     q = packed[:, :, 1]  # a strided view
     k, v = (torch.randn(2, 200, 2, 128, dtype=torch.bfloat16) for _ in range(2))
-    o, lse = tuner.attention(q, k, v, causal=True, family="sm90", return_lse=True, softmax_scale=0.5)
+    o, lse = tuner.attention(
+        q, k, v, causal=True, family="sm90", config={"scheduler": 0}, return_lse=True, softmax_scale=0.5
+    )
     maps = [struct.unpack("=13Q", raw[:104]) for raw in gpu.last["args"][:4]]
     for words, t in zip(maps, (q, k, v, o), strict=True):
         b, n, h, d = t.shape

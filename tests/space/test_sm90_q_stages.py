@@ -33,7 +33,7 @@ def test_two_stages_by_default_and_one_cta_per_block_keeps_the_default(space):
     for head_dim in (64, 128, 256):
         defaults = space.defaults(head_dim)
         assert defaults["q_stages"] == 2
-        assert space.check({**defaults, "persistent": 0}, _problem(head_dim), H200) is None
+        assert space.check({**defaults, "persistent": 0, "scheduler": 0}, _problem(head_dim), H200) is None
     assert space.defaults(256)["persistent"] == 0  # so its default is q_stages=2 without persistent CTAs
 
 
@@ -54,7 +54,7 @@ def test_one_q_stage_fits_fa3s_d128_tile_persistent(space):
 
 
 def test_one_q_stage_without_persistent_ctas_is_refused(space):
-    config = {**space.defaults(128), "persistent": 0, "q_stages": 1}
+    config = {**space.defaults(128), "persistent": 0, "scheduler": 0, "q_stages": 1}
     reasons = space.violations(config, _problem(128), H200)
     assert [r.split(":", 1)[0] for r in reasons] == ["q_stages_persistent"], reasons
     assert all(w in reasons[0] for w in ("persistent CTA", "one stage anyway", "set q_stages=2 or persistent=1"))
@@ -77,7 +77,7 @@ def test_the_config_header_refuses_it_too(space, tmp_path):
             check=False,
         )
 
-    config = {**space.defaults(128), "persistent": 0, "q_stages": 1}
+    config = {**space.defaults(128), "persistent": 0, "scheduler": 0, "q_stages": 1}
     refused = build(config)
     assert refused.returncode != 0 and "set q_stages=2 or persistent=1" in refused.stderr, refused.stderr[-2000:]
     assert build({**config, "q_stages": 2}).returncode == 0

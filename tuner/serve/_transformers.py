@@ -44,8 +44,7 @@ def flashtune_attention_forward(
 ):
     """A transformers attention function: ``query`` ``[B, H, N, D]``, ``key``/``value`` ``[B, H_kv, N_k, D]``;
     returns (``[B, N, H, D]`` attention output, None), as ``sdpa_attention_forward`` does."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    sdpa_attention_forward = _transformers["sdpa_attention_forward"]  # no import here: it would break the graph
     torch = _torch()
     groups = getattr(module, "num_key_value_groups", 1)
     q_length = query.shape[2]
@@ -79,8 +78,7 @@ def flashtune_mask(*args: Any, **kwargs: Any):
     The rule needs no tensor's values (only Python ints, None and shapes), so it holds under tracing.
     With the kernels' bottom-right causal alignment, what ``torch.export`` fixes at a traced shape stays right.
     """
-    from transformers import masking_utils
-
+    masking_utils = _transformers["masking_utils"]  # no import here: it would break the graph
     sdpa_mask = masking_utils.sdpa_mask
     try:
         bound = inspect.signature(sdpa_mask).bind(*args, **kwargs)
@@ -104,15 +102,22 @@ def flashtune_mask(*args: Any, **kwargs: Any):
     return sdpa_mask(*args, **kwargs)
 
 
+#: what the functions above use of transformers, imported by register_transformers (inside torch.compile's
+#: tracing, an import from transformers' lazy modules breaks the graph)
+_transformers: dict[str, Any] = {}
+
+
 @functools.cache
 def register_transformers() -> bool:
     """Register ``attn_implementation="tuner"`` (once; later calls only answer). False where transformers
     has no ``AttentionInterface`` (before 4.48)."""
     try:
-        from transformers import AttentionInterface
+        from transformers import AttentionInterface, masking_utils
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: F401 (present)
     except ImportError:
         return False
+    _transformers.update(sdpa_attention_forward=sdpa_attention_forward, masking_utils=masking_utils)
     _torch()  # marks the host lookups for torch.compile before any model is traced
     AttentionInterface.register(ATTN_IMPLEMENTATION, flashtune_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flashtune_mask)
