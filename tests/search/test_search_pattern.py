@@ -382,3 +382,133 @@ def test_with_the_surrogate_off_the_climb_alone_proposes_until_it_is_spent(toy_s
     search.observe(start, 100.0)
     _run(search, lambda c: 90.0, 5, {config_key(start)})
     assert search._made == {"pattern": 5, "surrogate": 0}
+
+
+# -- restarts and spread batches (issue 17) ------------------------------------------------------------
+def _far_seeds(space, problem, start, n):
+    """``n`` feasible configs three or more knobs from ``start`` and from each other's neighbourhoods."""
+    out = []
+    for c in _grid(space):
+        far = len(_changed(c, start)) >= 3 and all(len(_changed(c, o)) >= 3 for o in out)
+        if far and space.check(c, problem, SM80) is None:
+            out.append(c)
+    assert len(out) >= n, "the toy space has no such seeds"
+    return out[:n]
+
+
+def test_a_stalled_climb_restarts_from_every_seed_in_the_order_given(toy_space, problem):
+    """Nothing beats the default; the seeds (neighbouring shapes' winners) measure worse than it, so the climb
+    alone would never centre on them. Each stall restarts from the next seed: its neighbours come next."""
+    from tuner.search._pattern import STALL
+
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    start = toy_space.defaults(problem.head_dim)
+    first, second = _far_seeds(toy_space, problem, start, 2)
+    search.add_start(first)
+    search.add_start(second)
+    search.add_start(dict(first))  # given twice: one seed
+    taken = set()
+    for config, value in ((first, 90.0), (second, 80.0), (start, 100.0)):  # the best last: no stall yet
+        search.observe(config, value)
+        taken.add(config_key(config))
+    proposed = _run(search, lambda c: 95.0, 3 * STALL + 4, taken)
+    near = [min(len(_changed(c, s)) for s in (start, first, second)) for c in proposed]
+    owner = [
+        next(i for i, s in enumerate((start, first, second)) if len(_changed(c, s)) == near[j])
+        for j, c in enumerate(proposed)
+    ]
+    assert owner[:STALL] == [0] * STALL  # the default's neighbours first
+    assert 1 in owner and 2 in owner and owner.index(1) == STALL  # the stall restarts from the first seed
+    assert owner.index(2) > owner.index(1) + STALL - 1  # and its stall from the second
+    assert search.stats.repeats == 0
+
+
+def test_a_seed_nobody_measured_is_proposed_itself_when_the_climb_stalls(toy_space, problem):
+    from tuner.search._pattern import STALL
+
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    start = toy_space.defaults(problem.head_dim)
+    (seed,) = _far_seeds(toy_space, problem, start, 1)
+    search.add_start(seed)
+    search.observe(start, 100.0)
+    proposed = _run(search, lambda c: 95.0, STALL + 1, {config_key(start)})
+    assert seed not in proposed[:STALL] and proposed[STALL] == seed
+
+
+def test_a_batch_in_flight_spreads_over_other_centres(toy_space, problem, monkeypatch):
+    """With a window of proposals in flight, a share comes from centres other than the incumbent while the
+    incumbent's nearest neighbours are not spent yet (the climb alone proposes only those)."""
+    from tuner.search import _pattern
+
+    start = toy_space.defaults(problem.head_dim)
+    other = {**start, "block_m": 32}
+
+    def batch():
+        search = PatternSearch(toy_space, problem, SM80, seed=0)
+        taken = {config_key(start), config_key(other)}
+        search.observe(start, 100.0)
+        search.observe(other, 99.0)  # within noise of the best: another region worth a share of the batch
+        steps = {k for k, _ in search.neighbourhood(config_key(start), 1)} - taken
+        out = []
+        for _ in steps:
+            out.append(search.propose(taken))
+            taken.add(config_key(out[-1]))
+        return [c for c in out if config_key(c) not in steps]
+
+    away = batch()
+    assert away and all(len(_changed(c, other)) == 1 for c in away)
+    monkeypatch.setattr(_pattern, "SPREAD", 0.0)
+    assert batch() == []
+
+
+def test_the_pair_jump_level_changes_two_knobs_one_beyond_a_step(toy_space, problem):
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    corner = {**toy_space.defaults(problem.head_dim), "block_m": 32}  # block_m 128 is two steps away
+    search.observe(corner, 100.0)
+    jumps = [c for _, c in search.neighbourhood(config_key(corner), LEVELS.index("pair jump") + 1)]
+    pairs = {config_key(c) for _, c in search.neighbourhood(config_key(corner), LEVELS.index("pair") + 1)}
+    assert jumps and all(len(_changed(c, corner)) == 2 and c["block_m"] == 128 for c in jumps)
+    assert all(toy_space.check(c, problem, SM80) is None for c in jumps)
+    assert not pairs & {config_key(c) for c in jumps}
+
+
+def test_the_loop_gives_the_search_every_warm_start(sqlite_url, toy_space, problem):
+    from tests.fakes.fake_compile import fake_compiler
+    from tests.fakes.fake_measure import FakeMeasure
+    from tuner import study as st
+    from tuner.run import TuneSettings, tune
+    from tuner.search import make_sampler
+    from tuner.study import open_storage
+
+    gpu = {"name": "Fake GPU", "arch": 80, "num_sms": 108, "smem_per_block_optin": 166912, "regs_per_sm": 65536}
+    study = st.open_study(
+        storage=open_storage(sqlite_url),
+        name="warm",
+        space=toy_space,
+        problem=problem,
+        gpu={**gpu, "driver": "0.0"},
+        sampler=make_sampler("pattern", toy_space, 0),
+    )
+    start = toy_space.defaults(problem.head_dim)
+    seeds = _far_seeds(toy_space, problem, start, 2)
+    for i, config in enumerate(seeds):
+        study.enqueue_trial(config, user_attrs={st.WARM_START: f"shape-{i}"})
+    given = []
+
+    class Recording(PatternSearch):
+        def add_start(self, config):
+            given.append(config)
+            super().add_start(config)
+
+    search = Recording(toy_space, problem, SM80, seed=0)
+    tune(
+        study,
+        toy_space,
+        problem,
+        SM80,
+        FakeMeasure(),
+        TuneSettings(n_trials=6, compile_workers=1),
+        search=search,
+        compiler=fake_compiler,
+    )
+    assert given == seeds

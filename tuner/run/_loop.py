@@ -258,6 +258,8 @@ class _StudyState:
         if t.state == TrialState.COMPLETE and t.value is not None:
             self.best = t.value if self.best is None else max(self.best, t.value)
         with contextlib.suppress(Exception):  # a config that no longer fits the space teaches nothing
+            if st.WARM_START in t.user_attrs:  # a warm start stored before this process (a resumed study)
+                search.add_start(search.space.validate(t.params))
             search.observe(search.space.validate(t.params), t.value if t.state == TrialState.COMPLETE else None)
 
 
@@ -473,6 +475,8 @@ class TuneLoop:
             self.held.in_hand = None
             self.heartbeat.release(trial_id)
             return
+        if st.WARM_START in trial.user_attrs:  # a neighbouring shape's winner: the search restarts from it too
+            self.search.add_start(config)
         key = config_key(config)
         if key in self.held:
             self.held.duplicates.setdefault(key, []).append(ref)

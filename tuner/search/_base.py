@@ -64,6 +64,10 @@ class Search(ABC):
     def propose(self, taken: Set[str]) -> Config | None:
         """A feasible config whose key is not in ``taken``, or None when the strategy has none to offer."""
 
+    def add_start(self, config: Config) -> None:  # noqa: B027 - optional hook
+        """A config to restart from (a neighbouring tuned shape's winner, enqueued as a warm start); strategies
+        that climb use every one given, the others ignore them."""
+
     def withdraw(self, config: Config) -> None:  # noqa: B027 - optional hook
         """A proposal that will not be measured by this process (another tuner took it first)."""
 

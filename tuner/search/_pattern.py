@@ -10,7 +10,9 @@ ping-pong). So the search walks the space from the default instead of sampling i
   that the static check refuses alone, repaired by the fewest further steps of other knobs (a move
   the constraints couple to another: a bigger producer register budget needs a smaller consumer
   one), once with each of its cheapest repairs (up to :data:`REPAIRS_KEPT`): which partner pays
-  is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong); (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each.
+  is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong);
+  (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each; (5) two knobs,
+  at least one of them farther than a step (a tile size and a stage depth that pay only together).
 - Proposals come from the (centre, level) of highest priority: the centre's log TFLOPS less
   :data:`LEVEL_PENALTY` per level beyond the first. A better result moves the search to its
   neighbourhood at once (first improvement); a neighbourhood is otherwise proposed to its end,
@@ -18,6 +20,14 @@ ping-pong). So the search walks the space from the default instead of sampling i
   config's nearest neighbours are spent, the next-best centres and wider levels take over; when
   every level of every measured config is spent, :meth:`propose` returns None and the tuner
   explores at random.
+- Restarts: :meth:`add_start` gives the search restart seeds (the loop passes every warm-start config,
+  a neighbouring tuned shape's winner). When the climb stalls (:data:`STALL` results without a better
+  best), the next seed, in the order given, is lifted to just above the best as a centre (a seed
+  nobody measured is proposed itself first), so its neighbourhood is climbed next whatever it
+  measured; the next stall moves to the next seed.
+- Spread batches: with :data:`SPREAD_AFTER` of its proposals in flight (a compile-ahead window), a
+  share :data:`SPREAD` of the proposals comes from restart seeds and from the best (centre, level) of
+  another centre, so one poor incumbent does not fill the window with its neighbours.
 - Within a neighbourhood, configs are ranked by an additive surrogate of per-knob-value effects
   (:class:`~._model.AdditiveModel`, which continues the trend of an ordered knob), ties at random.
 
@@ -44,7 +54,7 @@ from ._surrogate import InteractionGP, expected_improvement
 __all__ = ["BO_SHARE", "LEVELS", "LEVEL_PENALTY", "REPAIRS_KEPT", "PatternSearch", "constraint_knobs", "ring"]
 
 #: the levels of a neighbourhood, nearest first (see the module docstring)
-LEVELS = ("step", "coupled step", "jump", "pair")
+LEVELS = ("step", "coupled step", "jump", "pair", "pair jump")
 #: priority lost per level beyond the first, in log TFLOPS: a neighbour's wider level waits for centres
 #: within 0.5% of it
 LEVEL_PENALTY = 0.005
@@ -54,11 +64,18 @@ REPAIR_CHECKS = 200  # static checks one repair may spend
 #: to another knob may pay with one partner and not another, and the model has not seen the pair yet
 REPAIRS_KEPT = 3
 #: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls); 0:
-#: only when the climb has nothing left (shares tried on the synthetic landscapes of tests/search/: see
-#: the class docstring)
+#: only when the climb has nothing left. Replayed (window 1): half the proposals once stalled gave island
+#: landscapes a median of 19.5 (was 24) but the stored fp16 sweep a p90 of 31, past the target of 30
 BO_SHARE = (0.0, 0.0)
 RIVALRY = math.inf  # the surrogate's pick replaces the climb's when it expects this many times its improvement
 STALL = 4  # results without a better best after which the climb counts as stalled
+#: own proposals in flight from which the search spreads a batch (a compile-ahead window): then a share
+#: :data:`SPREAD` of the proposals comes from elsewhere (restart seeds, then the best neighbourhood of another
+#: centre) instead of further neighbours of one incumbent. Replayed with a window of 17: the medians of the
+#: seven stored sweeps move by at most one evaluation (no seeds there); the GP's picks instead (at a share
+#: of a half) took the d64 bf16 sweep from a median of 11 to 44
+SPREAD_AFTER = 4
+SPREAD = 0.25
 IMPROVEMENT = 0.002  # log TFLOPS a new best must gain to count as one (below: noise)
 POOL_ENUMERATE = 20_000  # grid points up to which the surrogate ranks every feasible config
 POOL_DRAWS = 120  # otherwise: random coupled moves (2-3 knobs, repaired) drawn around the best centres
@@ -104,6 +121,21 @@ def _reach(knob: Knob) -> int:
     return max(1, (len(knob.values) - 1) // 4)
 
 
+def _pair_jumps(space: Space, config: Config) -> Iterator[Config]:
+    """Configs with two knobs changed, at least one of them by more than one step (an ordered knob's value
+    two or more places away): what the "pair" level's two single steps do not reach."""
+    steps = {
+        k.name: [(v, abs(i - k.values.index(config[k.name])) if k.ordered else 1) for i, v in enumerate(k.values)]
+        for k in space.knobs
+        if len(k.values) > 1
+    }
+    for a, b in itertools.combinations(steps, 2):
+        for va, da in steps[a]:
+            for vb, db in steps[b]:
+                if da > 0 and db > 0 and max(da, db) > 1:
+                    yield {**config, a: va, b: vb}
+
+
 def _changes(a: Config, b: Config) -> int:
     return sum(a[n] != b[n] for n in a)
 
@@ -139,11 +171,21 @@ class PatternSearch(Search):
         self._made = {"pattern": 0, "surrogate": 0}  # proposals by each source
         self._since_best = 0  # results since the best improved
         self._pool: tuple[list[str], list[Config], np.ndarray] | None = None  # the enumerated pool, encoded
+        self._starts: list[Config] = []  # restart seeds not yet restarted from (add_start), nearest shape first
+        self._boost: dict[str, float] = {}  # restarted-from centre key -> priority added (it keeps it)
+        self._spread: set[str] = set()  # own proposals in flight that came from elsewhere (see SPREAD)
 
     # -- learning ---------------------------------------------------------------------------------
+    def add_start(self, config: Config) -> None:
+        """A restart seed (a neighbouring shape's winner): the climb restarts from it when it stalls, and a
+        batch in flight includes it; every seed given is used, in the order given."""
+        if self.feasible(config) and all(config_key(config) != config_key(c) for c in self._starts):
+            self._starts.append(dict(config))
+
     def _learn(self, config: Config, value: float | None) -> None:
         key = config_key(config)
         self._open.pop(key, None)
+        self._spread.discard(key)
         self.surrogate.add(config, value)
         if value is None or value <= 0:
             self.model.add_failure(config)
@@ -158,10 +200,11 @@ class PatternSearch(Search):
 
     def withdraw(self, config: Config) -> None:
         self._open.pop(config_key(config), None)
+        self._spread.discard(config_key(config))
 
     # -- choosing where to propose from -------------------------------------------------------------
     def _priority(self, key: str, level: int) -> float:
-        return self.values[key] - self.level_penalty * (level - 1)
+        return self.values[key] + self._boost.get(key, 0.0) - self.level_penalty * (level - 1)
 
     def _push(self, key: str, level: int) -> None:
         if level <= len(LEVELS):
@@ -214,12 +257,14 @@ class PatternSearch(Search):
                     for i, v in enumerate(k.values)
                     if abs(i - k.values.index(centre[k.name])) > _reach(k)
                 ]
-            else:
+            elif name == "pair":
                 pool = [c for c in ring(self.space, centre, 2) if _changes(c, centre) == 2]
+            else:
+                pool = list(_pair_jumps(self.space, centre))
             out: dict[str, Config] = {}
             for other in pool:
                 feasible = self.feasible(other)
-                if (name == "coupled step" and feasible) or (name in ("step", "pair") and not feasible):
+                if (name == "coupled step" and feasible) or (name in ("step", "pair", "pair jump") and not feasible):
                     continue
                 if feasible:
                     out.setdefault(config_key(other), other)
@@ -259,24 +304,72 @@ class PatternSearch(Search):
 
     # -- proposing -------------------------------------------------------------------------------------
     def propose(self, taken: Set[str]) -> Config | None:
-        """The climb's next config; the surrogate's pick instead on its turns (a share ``bo_share`` of the
-        proposals), when it expects ``rivalry`` times the improvement of the climb's, or when the climb
-        has nothing left. By default (:data:`BO_SHARE`, :data:`RIVALRY`) only the last."""
+        """The climb's next config, or one from elsewhere: a restart seed once the climb stalls; with
+        :data:`SPREAD_AFTER` of its proposals in flight, a share :data:`SPREAD` from restart seeds and other
+        centres (a batch spread over regions); the surrogate's pick on its turns (a share ``bo_share``),
+        when it expects ``rivalry`` times the improvement of the climb's, or when the climb has nothing
+        left. By default (:data:`BO_SHARE`, :data:`RIVALRY`) only the first two and the last."""
+        if self._since_best >= STALL and (seed := self._restart(taken)) is not None:
+            return self._made_by(seed, "pattern")
+        spread = self._spread_turn()
+        seed = self._next_seed(taken) if spread else None
+        if seed is not None:
+            return self._made_by(seed, "pattern", spread=True)
+        if spread and (other := self._propose_elsewhere(taken)) is not None:
+            return self._made_by(other, "pattern", spread=True)
         turn = self._surrogate_turn()
         climb = None if turn else self._propose_pattern(taken)
         rival = None
         if climb is None or math.isfinite(self.rivalry):
             rival = self._propose_surrogate(taken, against=climb)
         if rival is not None and (climb is None or rival[1] > self.rivalry * rival[2]):
-            config, source = rival[0], "surrogate"
-        elif climb is not None or (climb := self._propose_pattern(taken)) is not None:
-            config, source = climb, "pattern"
-        else:
-            return None
+            return self._made_by(rival[0], "surrogate")
+        if climb is not None or (climb := self._propose_pattern(taken)) is not None:
+            return self._made_by(climb, "pattern")
+        return None
+
+    def _made_by(self, config: Config, source: str, *, spread: bool = False) -> Config:
+        key = config_key(config)
         self.stats.asks += 1
-        self._open[config_key(config)] = config
+        self._open[key] = config
+        if spread:
+            self._spread.add(key)
         self._made[source] += 1
         return dict(config)
+
+    def _spread_turn(self) -> bool:
+        return len(self._open) >= SPREAD_AFTER and len(self._spread) < SPREAD * (len(self._open) + 1) - 1e-9
+
+    def _next_seed(self, taken: Set[str]) -> Config | None:
+        """The first restart seed nobody has measured or taken (it is proposed itself), else None."""
+        for config in self._starts:
+            key = config_key(config)
+            if key not in taken and key not in self.results and key not in self._open:
+                return config
+        return None
+
+    def _restart(self, taken: Set[str]) -> Config | None:
+        """The climb stalled: restart from the first restart seed not restarted from yet. Measured, it is
+        lifted to just above the best, so its neighbourhoods come next (the lift stays: its wider levels
+        keep their rank among the best's); not yet measured (and nobody's), it is returned to propose."""
+        while self._starts:
+            config = self._starts[0]
+            key = config_key(config)
+            if key in self.values:
+                self._starts.pop(0)
+                self._boost[key] = max(self.values.values()) + IMPROVEMENT - self.values[key]
+                if self.current is not None and self.current[1] == key:
+                    self.current = None
+                self._push(key, 1)
+                self._since_best = 0  # the next restart waits for this one to stall too
+                return None
+            if key in self.results:  # it failed: nothing to restart from
+                self._starts.pop(0)
+                continue
+            if key in taken or key in self._open:  # in flight: restart from it once measured
+                return None
+            return config
+        return None
 
     def _surrogate_turn(self) -> bool:
         share = self.bo_share[self._since_best >= STALL]
@@ -299,6 +392,22 @@ class PatternSearch(Search):
                 self._spent(key, level)
             else:  # the start before its result: its next level
                 self.current = (math.inf, key, level + 1)
+        return None
+
+    def _propose_elsewhere(self, taken: Set[str]) -> Config | None:
+        """The model's favourite of the highest-priority (centre, level) whose centre is not the one the climb
+        proposes from now (another region), or None when there is none."""
+        here = self.current[1] if self.current else None
+        for _, _, key, level in sorted(self._heads):
+            if key == here:
+                continue
+            free = [
+                (self.model.predict(c) + 1e-9 * self.rng.random(), k, c)
+                for k, c in self.neighbourhood(key, level)
+                if k not in taken and k not in self.results and k not in self._open
+            ]
+            if free:
+                return max(free)[2]
         return None
 
     # -- the interaction surrogate's proposals -------------------------------------------------------
