@@ -133,7 +133,9 @@ def test_torch_compile_runs_the_model_with_no_graph_break_in_attention():
         ]
         assert not in_attention
         nodes = [n for g in explained.graphs for n in g.graph.nodes if "flashtune" in str(n.target)]
-        others = sorted({str(n.target) for g in explained.graphs for n in g.graph.nodes if "attention" in str(n.target)})
+        others = sorted(
+            {str(n.target) for g in explained.graphs for n in g.graph.nodes if "attention" in str(n.target)}
+        )
         assert len(nodes) == 2, f"flashtune nodes {len(nodes)}, other attention nodes {others}"  # one per layer
         compiled = torch.compile(model)(input_ids=ids).last_hidden_state
         eager = model(input_ids=ids).last_hidden_state

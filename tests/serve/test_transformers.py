@@ -68,7 +68,9 @@ def test_the_name_is_registered_for_attention_and_masks():
     assert ATTN_IMPLEMENTATION == "tuner"  # no "flash" in it: transformers would import a FlashAttention build
     assert not is_flash_attention_requested(requested_attention_implementation=ATTN_IMPLEMENTATION)
     assert AttentionInterface._global_mapping["tuner"] is tuner.serve.flashtune_attention_forward
-    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["tuner"] is sys.modules["tuner.serve._transformers"].flashtune_mask
+    assert (
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["tuner"] is sys.modules["tuner.serve._transformers"].flashtune_mask
+    )
 
 
 @torch.no_grad()
@@ -189,7 +191,10 @@ def test_the_mask_function_gives_no_mask_only_where_is_causal_says_it_all():
         {"attention_mask": padding},
         {"local_size": 16},
         {"allow_is_causal_skip": False},
-        {"mask_function": mu.and_masks(mu.causal_mask_function, mu.causal_mask_function), "allow_is_causal_skip": False},
+        {
+            "mask_function": mu.and_masks(mu.causal_mask_function, mu.causal_mask_function),
+            "allow_is_causal_skip": False,
+        },
     ):
         ours, theirs = call(64, 64, **case)
         assert ours is not None and torch.equal(ours, theirs), case

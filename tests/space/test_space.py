@@ -573,7 +573,11 @@ def test_default_rules_apply_in_order_for_the_problem_and_device_only(tmp_path, 
     )
     space = load_space(_write(tmp_path, text))
     plain = space.defaults(64)
-    assert [r.help for r in space.default_rules] == ["long causal", "fewer query blocks than SMs: smaller ones", "later wins"]
+    assert [r.help for r in space.default_rules] == [
+        "long causal",
+        "fewer query blocks than SMs: smaller ones",
+        "later wins",
+    ]
 
     def default(**kw):
         return space.defaults(problem=Problem(**{"batch": 4, "heads_q": 16, "head_dim": 64, **kw}), device=sm80)

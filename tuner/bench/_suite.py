@@ -119,9 +119,7 @@ def _time(
 def _ablations(space: Space, row: BenchRow, device: DeviceLimits) -> dict[str, dict[str, int]]:
     """The winner with each tuned knob put back to its default (the problem's on this device), by knob."""
     defaults = space.defaults(problem=row.problem, device=device)
-    return {
-        name: {**row.config, name: default} for name, default in defaults.items() if row.config[name] != default
-    }
+    return {name: {**row.config, name: default} for name, default in defaults.items() if row.config[name] != default}
 
 
 def _warm(

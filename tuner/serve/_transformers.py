@@ -94,11 +94,9 @@ def flashtune_mask(*args: Any, **kwargs: Any):
         q_length = a["q_length"] if "q_length" in a else getattr(a.get("cache_position"), "shape", (None,))[0]
         if offsets_zero and q_length is not None and q_length == a.get("kv_length"):
             return None
-    if function is getattr(masking_utils, "bidirectional_mask_function", None) and a.get(
-        "allow_is_bidirectional_skip", a.get("allow_is_causal_skip")
-    ):
-        if offsets_zero:
-            return None
+    bidirectional = function is getattr(masking_utils, "bidirectional_mask_function", None)
+    if bidirectional and offsets_zero and a.get("allow_is_bidirectional_skip", a.get("allow_is_causal_skip")):
+        return None
     return sdpa_mask(*args, **kwargs)
 
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..devices import DeviceLimits
 from ..errors import FlashtuneError
 from ..export import JSON_FORMAT, DispatchTable, TableError, table_from_json
 from ..files import FileContentError, read_content
 from ..problem import Problem
-from ..devices import DeviceLimits
 from ..space import Config, ConfigError, Space
 
 __all__ = [
