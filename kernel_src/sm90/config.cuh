@@ -117,9 +117,7 @@ constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr int kClusterCtas = FT_CTA_MODE;
 constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kCtasPerSm = FT_CTAS_PER_SM;
-// dynamic only where it applies: persistent CTAs outside clusters (a cluster would have to share each fetched
-// unit over DSMEM); elsewhere FT_SCHEDULER=1 builds the static kernel, as the space's help says
-constexpr bool kDynamicScheduler = FT_SCHEDULER == 1 && kPersistent && kClusterCtas == 1;
+constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
@@ -173,5 +171,8 @@ static_assert(FT_Q_STAGES == 1 || FT_Q_STAGES == 2, "q_stages: 1 or 2");
 static_assert(kPersistent || FT_Q_STAGES == 2,
               "q_stages=1 sets the Q stages of a persistent CTA; a CTA per block has one anyway: set q_stages=2 or persistent=1");
 static_assert(FT_SCHEDULER == 0 || FT_SCHEDULER == 1, "scheduler: 0 (static snake) or 1 (dynamic)");
+static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders the units of persistent CTAs");
+static_assert(!kDynamicScheduler || kClusterCtas == 1,
+              "scheduler=1 (dynamic) needs cta_mode=1: a cluster would have to share each fetched unit over DSMEM");
 
 }  // namespace ft_sm90

@@ -1,7 +1,6 @@
-"""sm90's scheduler knob: dynamic by default where the default is persistent; where the dynamic scheduler cannot
-run (one CTA per block, a 2-CTA cluster) scheduler=1 builds the static kernel, so a partial config such as
-``persistent=0`` needs no ``scheduler=0`` beside it, and such a kernel gets no tile counter. nvcc for the header
-half; no GPU."""
+"""sm90's scheduler knob: the combinations the dynamic scheduler cannot run are refused by the space file with a
+message that says why and what to set, and by config.cuh's static_asserts in the same words (a build by hand
+checks them too). nvcc for the header half; no GPU."""
 
 from __future__ import annotations
 
@@ -18,8 +17,22 @@ from tuner.space import load_space
 H200 = limits_for_arch(90)
 PROBLEM = Problem(batch=1, seqlen_q=4096, heads_q=28, heads_kv=4, head_dim=128, causal=True)
 CLUSTER = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
-#: partial configs where scheduler=1 has no dynamic order to give
-STATIC_ANYWAY = {"one_cta_per_block": {"scheduler": 1, "persistent": 0}, "cluster": {"scheduler": 1, **CLUSTER}}
+
+# partial config -> (constraint, words of its message, words of config.cuh's static_assert)
+REFUSED = {
+    "one_cta_per_block": (
+        {"scheduler": 1, "persistent": 0},
+        "dynamic_scheduler_persistent",
+        ["persistent CTAs", "set persistent=1 or scheduler=0"],
+        "orders the units of persistent CTAs",
+    ),
+    "cluster": (
+        {"scheduler": 1, **CLUSTER},
+        "dynamic_scheduler_alone",
+        ["needs cta_mode=1", "distributed shared memory", "set cta_mode=1 or scheduler=0"],
+        "needs cta_mode=1",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +41,8 @@ def space():
 
 
 def test_the_knob_is_dynamic_by_default_where_persistent_is_and_static_at_d256(space):
-    """Dynamic wherever the default is persistent (d64, d128: measured 1.01-1.18x the snake); d256's default
-    is one CTA per block."""
+    """Dynamic wherever the default is persistent (d64, d128: measured 1.03-1.18x the snake); d256's default
+    is one CTA per block, which takes no scheduler."""
     assert space.defaults(128)["scheduler"] == 1 and space.defaults(64)["scheduler"] == 1
     assert space.defaults(256)["scheduler"] == 0 and space.defaults(256)["persistent"] == 0
     for head_dim in (64, 128):
@@ -40,30 +53,40 @@ def test_the_knob_is_dynamic_by_default_where_persistent_is_and_static_at_d256(s
         static = {**default, "scheduler": 0}
         assert space.check(static, problem, H200) is None
         assert space.launch(static, problem, H200).abi["tile_counter"] == 0
+    # the cluster alone runs, with the static order
+    assert space.check({**space.defaults(128), **CLUSTER, "scheduler": 0}, PROBLEM, H200) is None
 
 
-@pytest.mark.parametrize("name", list(STATIC_ANYWAY))
-def test_where_dynamic_cannot_run_the_config_is_feasible_and_gets_no_counter(space, name):
-    config = space.validate(STATIC_ANYWAY[name], partial=True, head_dim=128)
-    assert space.check(config, PROBLEM, H200) is None
-    assert space.launch(config, PROBLEM, H200).abi["tile_counter"] == 0
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_the_space_refuses_what_the_dynamic_scheduler_cannot_run(space, name):
+    partial, constraint, words, _ = REFUSED[name]
+    config = space.validate(partial, partial=True, head_dim=128)
+    reasons = space.violations(config, PROBLEM, H200)
+    assert [r.split(":", 1)[0] for r in reasons] == [constraint], reasons
+    assert all(w in reasons[0] for w in words), reasons[0]
+    assert space.check({**config, "scheduler": 0}, PROBLEM, H200) is None  # the static scheduler runs it
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name", list(STATIC_ANYWAY))
-def test_the_config_header_builds_them_as_the_static_kernel(space, name, tmp_path):
-    """config.cuh: kDynamicScheduler is false there (a static_assert says so), and the header builds."""
-    config = space.validate(STATIC_ANYWAY[name], partial=True, head_dim=128)
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_the_config_header_refuses_them_too(space, name, tmp_path):
+    partial, _, _, assertion = REFUSED[name]
+    config = space.validate(partial, partial=True, head_dim=128)
     unit = tmp_path / "config_only.cu"
-    unit.write_text(f'#include "{space.family.config_header}"\nstatic_assert(!ft_sm90::kDynamicScheduler, "static");\n')
-    macros = space.build_macros(config, PROBLEM, H200)
-    built = subprocess.run(
-        ["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), "-arch=sm_90a", "-c", "-o", str(tmp_path / "c.o")]
-        + [f"-D{k}={v}" for k, v in macros.items()]
-        + [str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
+    unit.write_text(f'#include "{space.family.config_header}"\n')
+
+    def build(cfg):
+        macros = space.build_macros(cfg, PROBLEM, H200)
+        return subprocess.run(
+            ["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), "-arch=sm_90a", "-c", "-o", str(tmp_path / "c.o")]
+            + [f"-D{k}={v}" for k, v in macros.items()]
+            + [str(unit)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    refused = build(config)
+    assert refused.returncode != 0 and assertion in refused.stderr, refused.stderr[-2000:]
+    assert build({**config, "scheduler": 0}).returncode == 0
