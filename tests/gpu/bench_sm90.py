@@ -117,7 +117,7 @@ def make_problem(shape: tuple) -> Problem:
 def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     """Named partial configs: the default, and what one knob away may pay at short N (with the
     register budgets that knob needs). Infeasible ones are dropped by the static check."""
-    cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
+    cta2 = {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232}
     two_wgs = {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240}  # the d128 default's (d64: 3 warpgroups)
     wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
     ctas2 = {
@@ -130,13 +130,13 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     if quick:
         return {
             "default": {},
-            "one_per_block": {"persistent": 0},
-            "ctas2": {"persistent": 0, **ctas2},
-            "pingpong": {"persistent": 0, "pingpong": 1, **two_wgs},
+            "one_per_block": {"persistent": 0, "scheduler": 0},
+            "ctas2": {"persistent": 0, "scheduler": 0, **ctas2},
+            "pingpong": {"persistent": 0, "scheduler": 0, "pingpong": 1, **two_wgs},
         }
     v: dict[str, dict[str, int]] = {
         "default": {},
-        "one_per_block": {"persistent": 0},  # the default is persistent at d64 and d128, not at d256
+        "one_per_block": {"persistent": 0, "scheduler": 0},  # the default is persistent at d64 and d128, not at d256
         "persistent": {"persistent": 1},
         "cta2": cta2,
         "persistent_cta2": {"persistent": 1, **cta2},
@@ -187,7 +187,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
     v = {
-        name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
+        name: partial if name == "default" or "persistent" in partial else {"persistent": 0, "scheduler": 0, **partial}
         for name, partial in v.items()
     }
     return v

@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is n
 SM90_REPRESENTATIVE = {
     "default": {},
     "persistent": {"persistent": 1},
-    "cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
-    "cluster_persistent": {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232},
+    "cluster": {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232},
+    "cluster_persistent": {"cta_mode": 2, "scheduler": 0, "persistent": 1, "producer_regs": 32, "consumer_regs": 232},
     "pv_split": {"intra_wg_overlap": 0, "pv_split": 64},
     "pv_split_pingpong_persistent": {
         "intra_wg_overlap": 0,
@@ -48,6 +48,7 @@ SM90_REPRESENTATIVE = {
         "consumer_regs": 160,
         "block_n": 64,
         "cta_mode": 2,
+        "scheduler": 0,
         "persistent": 1,
     },
     "one_wg": {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176, "kv_stages": 2},
@@ -56,6 +57,7 @@ SM90_REPRESENTATIVE = {
     "shared_kv_barriers_cluster_persistent": {
         "kv_barriers": 1,
         "cta_mode": 2,
+        "scheduler": 0,
         "persistent": 1,
         "producer_regs": 32,
         "consumer_regs": 232,
@@ -73,6 +75,7 @@ SM90_REPRESENTATIVE = {
     "two_ctas_per_sm_cluster_serial": {
         "ctas_per_sm": 2,
         "cta_mode": 2,
+        "scheduler": 0,
         "consumer_wgs": 1,
         "producer_regs": 32,
         "consumer_regs": 224,
@@ -115,6 +118,7 @@ SM90_REPRESENTATIVE = {
         "q_stages": 1,
         "consumer_wgs": 2,
         "cta_mode": 2,
+        "scheduler": 0,
         "producer_regs": 32,
         "consumer_regs": 232,
         "intra_wg_overlap": 0,
@@ -164,7 +168,7 @@ SM90_D256_REPRESENTATIVE = {
     "d256_default": {},
     "d256_block_n_64_pingpong": {"block_n": 64, "pingpong": 1},
     "d256_serial_pv_split": {"intra_wg_overlap": 0, "pv_split": 32},
-    "d256_cluster": {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "d256_cluster": {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232},
     "d256_one_wg_persistent": {
         "consumer_wgs": 1,
         "producer_regs": 56,
@@ -172,7 +176,13 @@ SM90_D256_REPRESENTATIVE = {
         "block_n": 64,
         "persistent": 1,
     },
-    "d256_shared_kv_barriers_cluster": {"kv_barriers": 1, "cta_mode": 2, "producer_regs": 32, "consumer_regs": 232},
+    "d256_shared_kv_barriers_cluster": {
+        "kv_barriers": 1,
+        "cta_mode": 2,
+        "scheduler": 0,
+        "producer_regs": 32,
+        "consumer_regs": 232,
+    },
     "d256_persistent_one_q_stage": {"persistent": 1, "q_stages": 1},  # two Q stages do not fit at d256
     "d256_one_wg_dynamic": {
         "consumer_wgs": 1,

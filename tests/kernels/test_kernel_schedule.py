@@ -23,16 +23,31 @@ CHECK = Path(__file__).parent / "sm90_schedule_check.cu"
 
 CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that head dim's defaults)
     "default": (128, {}),
-    "one_per_block": (128, {"persistent": 0}),
+    "one_per_block": (128, {"persistent": 0, "scheduler": 0}),
     "persistent": (128, {"persistent": 1}),
-    "cluster": (128, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),
-    "cluster_persistent": (128, {"cta_mode": 2, "persistent": 1, "producer_regs": 32, "consumer_regs": 232}),
+    "static_snake": (128, {"persistent": 1, "scheduler": 0}),
+    "cluster": (128, {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232}),
+    "cluster_persistent": (
+        128,
+        {"cta_mode": 2, "scheduler": 0, "persistent": 1, "producer_regs": 32, "consumer_regs": 232},
+    ),
     "three_wgs_bn64_cluster_persistent": (
         128,
-        {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 64, "cta_mode": 2, "persistent": 1},
+        {
+            "consumer_wgs": 3,
+            "producer_regs": 32,
+            "consumer_regs": 160,
+            "block_n": 64,
+            "cta_mode": 2,
+            "scheduler": 0,
+            "persistent": 1,
+        },
     ),
     "one_wg_bn176": (128, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 176}),
-    "d256_bn80_cluster": (256, {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}),  # 40-row halves
+    "d256_bn80_cluster": (
+        256,
+        {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232},
+    ),  # 40-row halves
     "d256_one_wg_bn96": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 96}),
     "d256_one_wg_bn64_persistent": (
         256,
@@ -56,6 +71,7 @@ CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that hea
             "ctas_per_sm": 2,
             "persistent": 1,
             "cta_mode": 2,
+            "scheduler": 0,
             "consumer_wgs": 1,
             "producer_regs": 32,
             "consumer_regs": 224,
@@ -183,7 +199,7 @@ def test_the_dynamic_scheduler_balances_long_causal_gqa(binaries):
     space, device, built = binaries
     problem = Problem(batch=1, seqlen_q=16384, heads_q=28, heads_kv=4, head_dim=128, causal=True)
     ratios = {}
-    for name in ("default", "dynamic"):
+    for name in ("static_snake", "dynamic"):
         exe, config = built[name, True]
         grid = space.launch(config, problem, device).grid
         run = _run(exe, grid, 1, 16384, 16384, 28, 4, "units-only")
@@ -191,7 +207,7 @@ def test_the_dynamic_scheduler_balances_long_causal_gqa(binaries):
         _, units, max_load, total = run.stdout.split()
         assert int(units) == 28 * 128
         ratios[name] = int(max_load) / (int(total) / grid[0])
-    assert ratios["default"] > 1.15 and ratios["dynamic"] < 1.01, ratios
+    assert ratios["static_snake"] > 1.15 and ratios["dynamic"] < 1.01, ratios
 
 
 def test_a_broken_schedule_is_caught(binaries):

@@ -124,8 +124,5 @@ def _register_once() -> bool:
         from ._torch_op import trace_as_operator
     except (ImportError, AttributeError):
         return False
-    from ._sdpa import _torch
-
-    _torch()  # marks the host lookups for torch.compile, before anything is traced
     trace_as_operator(attention)
     return True
