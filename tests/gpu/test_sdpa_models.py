@@ -8,8 +8,9 @@ dim 64). Each test says what it holds:
 - a prefill forward at N = 4096 with ``"tuner"`` is not slower than with ``"sdpa"`` on PyTorch's cuDNN
   backend, timed in the same run (warm-up, interleaved repeats, medians; 2% for the noise of one run);
 - ``torch.compile(model)`` runs it, with no graph break inside the attention call;
-- ``tuner.sdpa`` costs at most 25 us of host time per cached call (PyTorch's SDPA on the same tensors
-  is measured in the same run and printed as the reference), and reads transposed views in place.
+- ``tuner.sdpa`` costs at most 25 us of host time per cached call (the best of interleaved measurements;
+  PyTorch's SDPA on the same tensors is measured beside it and printed as the reference), and reads
+  transposed views in place.
 
 Needs PyTorch with CUDA, transformers, CuPy and nvcc (the first call of each shape compiles its kernel).
 """
@@ -17,7 +18,6 @@ Needs PyTorch with CUDA, transformers, CuPy and nvcc (the first call of each sha
 from __future__ import annotations
 
 import statistics
-import time
 
 import pytest
 
@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[test]')")
 
 import tuner  # noqa: E402
+from tuner.bench import host_us_per_call  # noqa: E402
 from tuner.serve import ATTN_IMPLEMENTATION, reset_sdpa_fallbacks, sdpa_fallbacks  # noqa: E402
 
 #: the largest difference allowed, relative to the largest magnitude of the reference output
@@ -144,19 +145,6 @@ def test_torch_compile_runs_the_model_with_no_graph_break_in_attention():
         torch._dynamo.reset()
 
 
-def _host_us(call, n: int = 2000) -> float:
-    """Median host time per call over 7 rounds of n calls (a small shape: the GPU keeps up with the host)."""
-    rounds = []
-    for _ in range(7):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(n):
-            call()
-        rounds.append((time.perf_counter() - start) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(rounds)
-
-
 @torch.no_grad()
 def test_sdpa_host_time_per_cached_call_and_no_copy():
     q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.float16).transpose(1, 2) for _ in range(3))
@@ -165,8 +153,15 @@ def test_sdpa_host_time_per_cached_call_and_no_copy():
     torch.testing.assert_close(
         out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-3, rtol=2e-3
     )
-    ours = _host_us(lambda: tuner.sdpa(q, k, v, is_causal=True))
-    theirs = _host_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    # the best of 5 interleaved measurements of each (a host shared with other work only adds time; one run
+    # on the device host has seen PyTorch's SDPA at 18 us, then 28 us a few seconds later)
+    ours, theirs = [], []
+    for _ in range(5):
+        ours.append(host_us_per_call(lambda: tuner.sdpa(q, k, v, is_causal=True)))
+        theirs.append(
+            host_us_per_call(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        )
+    ours, theirs = min(ours), min(theirs)
     print(f"host time per call: tuner.sdpa {ours:.1f} us, F.scaled_dot_product_attention {theirs:.1f} us")
     assert sdpa_fallbacks() == {}
     assert ours <= 25.0, f"tuner.sdpa {ours:.1f} us per cached call (PyTorch's SDPA {theirs:.1f} us)"

@@ -141,10 +141,13 @@ def _space(space_key: tuple[str, str]) -> Space:
     return space
 
 
+_AUTO_CONFIG = ("auto", None)  # config="auto" without tuned=: the table shipped for the device's GPU
+
+
 def _config_key(config: Any, tuned: Any) -> tuple:
     if isinstance(config, str) and config == "auto":
         if tuned is None:
-            return ("auto", None)  # the table shipped for the device's GPU (found when the plan is built)
+            return _AUTO_CONFIG  # the shipped table is found when the plan is built
         try:
             return ("auto", tuned_configs(tuned))
         except TunedError as e:
@@ -440,8 +443,14 @@ def _torch_device(t) -> int:
 
 def _torch_stream(torch, device: int) -> int:
     """PyTorch's current stream on ``device`` (the capture stream inside ``torch.cuda.graph``), as a handle."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Inductor's generated code calls: no object
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    global _raw_stream
+    if _raw_stream is None:  # what Inductor's generated code calls (no stream object made), where PyTorch has it
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw or (lambda index: torch.cuda.current_stream(index).cuda_stream)
+    return _raw_stream(device)
+
+
+_raw_stream: Callable[[int], int] | None = None
 
 
 def _torch_capturing(torch) -> bool:
@@ -541,7 +550,20 @@ def torch_sdpa_launch(torch, q, k, v, causal: bool, scale, family, config, tuned
     the ``[B, N, H, D]`` views they are (batch, row and head strides swapped, no view made), into an O
     allocated ``[B, H, N, D]``-shaped over ``[B, N, H, D]`` memory. The cached path does no more than
     this: the plan key, one allocation, the launch (the checks were the caller's)."""
-    key = (_family_key(family), _config_key(config, tuned), "bhnd", device, q.dtype, q.shape, k.shape, v.shape, causal)
+    if family == AUTO_FAMILY and tuned is None and isinstance(config, str) and config == "auto":
+        key = (AUTO_FAMILY, _AUTO_CONFIG, "bhnd", device, q.dtype, q.shape, k.shape, v.shape, causal)  # the usual call
+    else:
+        key = (
+            _family_key(family),
+            _config_key(config, tuned),
+            "bhnd",
+            device,
+            q.dtype,
+            q.shape,
+            k.shape,
+            v.shape,
+            causal,
+        )
     plan = _cache.plans.get(key)
     if not _is_current(plan, key[0]):
         if on_new_plan is not None:

@@ -253,7 +253,7 @@ def sdpa(
     if reason is None and not tracing:  # eager: straight to the launch, the checks above are all it needs
         return torch_sdpa_launch(
             torch, query, key, value, bool(is_causal), scale, family, config, tuned,
-            _cuda_device(query, key, value), register_torch_op,
+            query.get_device(), register_torch_op,  # the checks put q, k and v on this one CUDA device
         )  # fmt: skip
     if reason is not None:
         count_fallback(reason, torch)
