@@ -8,7 +8,7 @@ import io
 import pytest
 
 import tuner.bench
-from tests.fake_studies import make_study
+from tests.fake_studies import H200_INFO, make_study
 from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import standin_compile, standin_tflops
 from tuner.bench import _bench as bench
@@ -92,7 +92,7 @@ def test_study_with_a_config_or_problem_flags_is_refused(storage_url, capsys, ex
 
 def test_an_explicit_config_takes_the_head_dim_s_defaults_for_missing_knobs(monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), {"name": "x"}))
+    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), H200_INFO))
 
     def fake_run_bench(worker, info, family, problem, *, config, out):
         seen.update(family=family, problem=problem, config=config)

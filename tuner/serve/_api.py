@@ -15,16 +15,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..devices import DeviceLimits
+from ..problem import Problem
 from ..space import AUTO_FAMILY, Config, Space, SpaceError, load_space
-from ._attention import AttentionError, cupy_attention, torch_attention
+from ._attention import AttentionError, completed, cupy_attention, torch_attention
 from ._tuned import TunedConfigs
 
 __all__ = ["attention", "register_torch_op", "resolve_config"]
 
 
-def resolve_config(space: Space, config: Mapping[str, Any] | str | Path | None, head_dim: int | None = None) -> Config:
-    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
-    exported header."""
+def resolve_config(
+    space: Space,
+    config: Mapping[str, Any] | str | Path | None,
+    head_dim: int | None = None,
+    *,
+    problem: Problem | None = None,
+    device: DeviceLimits | None = None,
+) -> Config:
+    """None: the family's defaults (for ``head_dim``); a mapping: those knobs, the others at their defaults, or
+    given a ``problem`` and a ``device``, completed as ``tuner.attention`` completes it (:meth:`Space.complete`:
+    the defaults nearest that run, the moved ones logged); a path: an exported header."""
     if config is None:
         return space.defaults(head_dim)
     if isinstance(config, (str, Path)):
@@ -32,6 +42,8 @@ def resolve_config(space: Space, config: Mapping[str, Any] | str | Path | None, 
 
         return read_header(config, space)
     if isinstance(config, Mapping):
+        if problem is not None and device is not None:
+            return completed(space, config, problem, device)
         return space.validate(config, partial=True, head_dim=head_dim)
     raise AttentionError(
         f"config must be None, a dict of knob values or the path of an exported header, not {type(config).__name__}"
