@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels.sm90_configs import ONE_WG
 from tests.kernels.sm90_configs import SM90_D64_REPRESENTATIVE as D64
 from tests.kernels.sm90_configs import SM90_D256_REPRESENTATIVE as D256
 from tests.kernels.sm90_configs import SM90_REPRESENTATIVE as ANY
@@ -47,7 +48,7 @@ CONFIGS = {
     "dynamic_d64": (64, ANY["dynamic"]),
     "d64_three_wgs_bn160_persistent": (64, D64["d64_three_wgs_serial_bn160_persistent"]),
     "d256_bn80_cluster": (256, D256["d256_cluster"]),  # 40-row halves
-    "d256_one_wg_bn96": (256, {"consumer_wgs": 1, "producer_regs": 56, "consumer_regs": 256, "block_n": 96}),
+    "d256_one_wg_bn96": (256, {**ONE_WG, "block_n": 96}),
     "d256_one_wg_bn64_persistent": (256, D256["d256_one_wg_persistent"]),
     "dynamic_d256_one_wg_bn64": (256, D256["d256_one_wg_dynamic"]),
 }
