@@ -187,3 +187,14 @@ def test_defaults_that_run_are_taken_as_they_are(family):
         completion = space.complete({}, _problem(head_dim), device)
         assert completion.config == space.defaults(head_dim, device.arch)
         assert completion.moved == () and completion.note == ""
+
+
+def test_a_problem_or_device_the_family_does_not_run_is_said_so_without_blaming_the_knobs(sm80, sm90):
+    with pytest.raises(ConfigError) as e:
+        sm80.complete({"block_m": 64}, _problem(256), A100)
+    assert str(e.value) == "sm80 cannot run fp16-d256-full-b1-h8-n4096 on sm_80 (A100, nominal): " + str(
+        sm80.supports(_problem(256))
+    )
+    with pytest.raises(ConfigError, match=r"^sm90 cannot run .*built for sm_90a only") as e:
+        sm90.complete({"block_n": 64}, _problem(128), A100)
+    assert "change the given knobs" not in str(e.value)

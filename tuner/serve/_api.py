@@ -73,8 +73,10 @@ def attention(
         family: ``"auto"`` (the family a header or tuned table names, else the fastest family that runs on the
             device: :func:`tuner.space.choose_family`), a kernel family (a file in ``search_spaces/``) or the
             path of a space file.
-        config: None (the family's defaults), a dict of knob values (others default), the path of a header
-            written by ``flashtune export`` (made for this head dim, dtype and mask; it names its family), or
+        config: None (the family's defaults), a dict of knob values (the others at their defaults, or where those
+            cannot run beside the given ones the nearest that do, logged: :meth:`tuner.space.Space.complete`), the
+            path of a header written by ``flashtune export`` (made for this head dim, dtype and mask; it names its
+            family), or
             ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's ``select()``
             picks it; a shape the table does not cover gets the family default with one
             :class:`AutoConfigWarning` per launch plan.

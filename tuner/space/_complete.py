@@ -42,9 +42,12 @@ def complete(space: Space, config: Mapping[str, Any], problem: Problem, device: 
     stuck = [reason for reason, reads in failures if not reads & free_names]
     where = f"{problem.slug()} on {device.name or f'sm_{device.arch}'}"
     if stuck:  # a check that reads no free knob fails whatever they are
+        knobs = {k.name for k in space.knobs}
+        if all(not reads & knobs for reason, reads in failures if reason in stuck):  # the problem or the device
+            raise ConfigError(f"{space.name} cannot run {where}: {'; '.join(stuck)}")
         raise ConfigError(
-            f"{space.name}: {given or 'the defaults'} cannot run {where}: {'; '.join(stuck)}; change the given "
-            "knobs (no value of the others mends it)"
+            f"{space.name}: {given} cannot run {where}: {'; '.join(stuck)}; change the given knobs (no value of "
+            "the others mends it)"
         )
     found, exhausted = _nearest(space, base, free, failures, problem, device)
     if found is None:
