@@ -76,9 +76,8 @@ def attention(
         config: None (the family's defaults), a dict of knob values (the others at their defaults, or where those
             cannot run beside the given ones the nearest that do, logged: :meth:`tuner.space.Space.complete`), the
             path of a header written by ``flashtune export`` (made for this head dim, dtype and mask; it names its
-            family), or
-            ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's ``select()``
-            picks it; a shape the table does not cover gets the family default with one
+            family), or ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's
+            ``select()`` picks it; a shape the table does not cover gets the family default with one
             :class:`AutoConfigWarning` per launch plan.
         tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
             the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`; without it the

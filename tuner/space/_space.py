@@ -310,8 +310,11 @@ class Space:
             ]
             if failed:
                 return failed
+            reasons = _launch_violations(self.launch(config, problem, device))
+            if not reasons:
+                return []
             launch = self.reads(self.launch_threads, self.launch_smem_bytes, *self.launch_grid)
-            return [(reason, launch) for reason in _launch_violations(self.launch(config, problem, device))]
+            return [(reason, launch) for reason in reasons]
         except ExprError as e:  # e.g. a value beyond 64 bits for this problem: the config cannot be built
             return [
                 (f"cannot evaluate the {self.name} space for this config and problem: {e}", frozenset(self._by_name))
