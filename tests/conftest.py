@@ -55,6 +55,24 @@ def _session_cache_dir(tmp_path_factory):
         os.environ["FLASHTUNE_CACHE_DIR"] = old
 
 
+def compile_config_header(space, macros: dict[str, int], arch: str, tmp_path: Path):
+    """nvcc on a unit that includes only ``space``'s config header (its static_asserts), with ``macros`` as -D
+    flags, for sm_``arch`` (``90a``): the finished process, its stderr holding any refusal."""
+    import subprocess
+
+    unit = tmp_path / "config_only.cu"
+    unit.write_text(f'#include "{space.family.config_header}"\n')
+    return subprocess.run(
+        ["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), f"-arch=sm_{arch}", "-c", "-o", str(tmp_path / "config_only.o")]
+        + [f"-D{k}={v}" for k, v in macros.items()]
+        + [str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def real_kernel_files() -> tuple[str, str]:
     """(source, config_header) of some existing family, relative to kernel_src/ (a toy space must name real files)."""
     for header in sorted(KERNEL_SRC.glob("*/config.cuh")):

@@ -61,17 +61,10 @@ def test_two_ctas_per_sm_must_fit_the_sm_exactly():
     whose two CTAs need 512 B more than the SM has."""
     space, device = load_space("sm90"), limits_for_arch(90)
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=128)
-    config = {
-        "ctas_per_sm": 2,
-        "consumer_wgs": 1,
-        "producer_regs": 24,
-        "consumer_regs": 232,
-        "persistent": 0,
-        "scheduler": 0,
-    }
-    fits = space.validate({**config, "block_n": 80}, partial=True)
+    config = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232, "persistent": 0}
+    fits = space.complete({**config, "block_n": 80}, problem, device).config
     assert space.check(fits, problem, device) is None
-    too_big = space.validate({**config, "block_n": 96}, partial=True)
+    too_big = {**fits, "block_n": 96}
     env = space.environment(too_big, problem, device)
     assert 2 * (env["smem_bytes"] + 1024) == device.smem_per_sm + 512
     assert "smem_per_sm_fits" in space.check(too_big, problem, device)

@@ -8,7 +8,7 @@ import io
 import pytest
 
 import tuner.bench
-from tests.fake_studies import make_study
+from tests.fake_studies import H200_INFO, make_study
 from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import standin_compile, standin_tflops
 from tuner.bench import _bench as bench
@@ -92,7 +92,7 @@ def test_study_with_a_config_or_problem_flags_is_refused(storage_url, capsys, ex
 
 def test_an_explicit_config_takes_the_head_dim_s_defaults_for_missing_knobs(monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), {"name": "x"}))
+    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), H200_INFO))
 
     def fake_run_bench(worker, info, family, problem, *, config, out):
         seen.update(family=family, problem=problem, config=config)
@@ -102,6 +102,36 @@ def test_an_explicit_config_takes_the_head_dim_s_defaults_for_missing_knobs(monk
     assert main(["bench", "--family", "sm80", "--head-dim", "64", "--config", "block_n=32"]) == 0
     assert seen["problem"].head_dim == 64 and seen["family"] == "sm80"
     assert seen["config"] == load_space("sm80").validate({"block_n": 32}, partial=True, head_dim=64)
+
+
+@pytest.mark.parametrize("family", [["--family", "sm90"], []], ids=["sm90", "auto"])
+def test_a_partial_config_moves_the_defaults_it_cannot_run_with_and_says_so(monkeypatch, capsys, family):
+    """--config persistent=0 on an H200 (the family auto picks there: sm90): the default scheduler=1 orders
+    persistent CTAs only, so the bench times the static order, and one line on stderr says so."""
+    seen = {}
+    monkeypatch.setattr("tuner.cli._gpus.start_worker", lambda gpu: (Worker(handler=HANDLER), H200_INFO))
+    monkeypatch.setattr(tuner.bench, "run_bench", lambda *a, config, out: seen.update(config=config) or [])
+    assert main(["bench", *family, "--config", "persistent=0"]) == 0
+    space = load_space("sm90")
+    assert seen["config"] == {**space.defaults(128, 90), "persistent": 0, "scheduler": 0}
+    err = capsys.readouterr().err
+    assert "flashtune: sm90: the default scheduler=1 cannot run fp16-d128-full-b8-h16-n2048 on NVIDIA H200" in err
+    assert "took scheduler=0, the nearest completion that runs" in err
+
+
+def test_given_knobs_that_conflict_are_refused_before_a_gpu_starts(monkeypatch, capsys):
+    def no_gpu(gpu):
+        raise AssertionError("a GPU was started for a config that cannot run")
+
+    monkeypatch.setattr("tuner.cli._gpus.start_worker", no_gpu)
+    assert main(["bench", "--family", "sm90", "--config", "persistent=0,q_stages=1"]) == 2
+    err = capsys.readouterr().err
+    assert "sm90: --config persistent=0, q_stages=1 cannot run fp16-d128-full-b8-h16-n2048: q_stages_persistent" in err
+    assert "dynamic_scheduler" not in err  # the scheduler's default is moved, not a conflict
+    assert main(["bench", "--config", "persistent=0,q_stages=1"]) == 2  # auto: no family takes it
+    err = capsys.readouterr().err
+    assert "fits no family" in err and "sm80: unknown knob(s) persistent, q_stages" in err
+    assert "q_stages_persistent" in err
 
 
 def test_suite_output_is_checked_before_the_gpu_run(tmp_path, capsys):

@@ -13,6 +13,7 @@ import pytest
 from tests.fake_studies import A100_INFO, family_for_tests, fill_study, make_study, open_fake_study
 from tuner._version import __version__
 from tuner.cli import main
+from tuner.devices import limits_for_arch
 from tuner.export import comment_text, read_header, render_header
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
@@ -151,6 +152,11 @@ def test_tuner_attention_takes_an_exported_header_as_config(finished, storage_ur
     first = space.knobs[0]
     partial = {first.name: first.values[-1]}
     assert resolve_config(space, partial) == dict(space.defaults(), **partial)
+    sm90, where = load_space("sm90"), {"problem": Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=128)}
+    where["device"] = limits_for_arch(90)  # with a problem and a device: completed as tuner.attention does
+    assert resolve_config(sm90, {"persistent": 0}, **where) == {**sm90.defaults(128), "persistent": 0, "scheduler": 0}
+    with pytest.raises(AttentionError, match="q_stages_persistent"):
+        resolve_config(sm90, {"persistent": 0, "q_stages": 1}, **where)
     with pytest.raises(AttentionError):
         resolve_config(space, 42)
     with pytest.raises(StudyError, match="cannot read"):

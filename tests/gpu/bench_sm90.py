@@ -44,7 +44,7 @@ os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the
 from tuner.devices import DeviceLimits
 from tuner.gpu import TOLERANCES, CupyHandler
 from tuner.problem import Problem
-from tuner.space import Space, config_key, load_space
+from tuner.space import ConfigError, Space, config_key, load_space
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 6 minutes)
@@ -116,8 +116,10 @@ def make_problem(shape: tuple) -> Problem:
 # ---- 1. plan -----------------------------------------------------------------------------------
 def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     """Named partial configs: the default, and what one knob away may pay at short N (with the
-    register budgets that knob needs). Infeasible ones are dropped by the static check."""
-    cta2 = {"cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232}
+    register budgets that knob needs). The other knobs are completed for each shape (Space.complete): a
+    cluster or one CTA per block takes the static scheduler, the one default moved here (an order, not another
+    variant); a variant that runs only with other defaults moved is dropped, as one that cannot run at all."""
+    cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
     two_wgs = {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240}  # the d128 default's (d64: 3 warpgroups)
     wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
     ctas2 = {
@@ -130,13 +132,13 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     if quick:
         return {
             "default": {},
-            "one_per_block": {"persistent": 0, "scheduler": 0},
-            "ctas2": {"persistent": 0, "scheduler": 0, **ctas2},
-            "pingpong": {"persistent": 0, "scheduler": 0, "pingpong": 1, **two_wgs},
+            "one_per_block": {"persistent": 0},
+            "ctas2": {"persistent": 0, **ctas2},
+            "pingpong": {"persistent": 0, "pingpong": 1, **two_wgs},
         }
     v: dict[str, dict[str, int]] = {
         "default": {},
-        "one_per_block": {"persistent": 0, "scheduler": 0},  # the default is persistent at d64 and d128, not at d256
+        "one_per_block": {"persistent": 0},  # the default is persistent at d64 and d128, not at d256
         "persistent": {"persistent": 1},
         "cta2": cta2,
         "persistent_cta2": {"persistent": 1, **cta2},
@@ -187,7 +189,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
     v = {
-        name: partial if name == "default" or "persistent" in partial else {"persistent": 0, "scheduler": 0, **partial}
+        name: partial if name == "default" or "persistent" in partial else {"persistent": 0, **partial}
         for name, partial in v.items()
     }
     return v
@@ -201,14 +203,19 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
         if _ONLY and name not in _ONLY and name != "default":
             continue
         try:
-            config = space.validate(partial, partial=True, head_dim=problem.head_dim)
+            space.validate(partial, partial=True)
         except ValueError as e:
             skipped.append({"name": name, "status": "invalid", "detail": str(e)})
             continue
-        reason = space.check(config, problem, device)
-        if reason:
-            skipped.append({"name": name, "status": "infeasible", "detail": reason})
+        try:
+            completion = space.complete(partial, problem, device)
+        except ConfigError as e:
+            skipped.append({"name": name, "status": "infeasible", "detail": str(e)})
             continue
+        if {knob for knob, _, _ in completion.moved} - {"scheduler"}:  # another variant than the one named
+            skipped.append({"name": name, "status": "infeasible", "detail": completion.note})
+            continue
+        config = completion.config
         key = config_key(config)
         if key in seen:
             continue

@@ -15,10 +15,10 @@ import random
 
 import pytest
 
-from tests.kernels.test_kernel_builds import REPRESENTATIVE
+from tests.kernels.sm90_configs import REPRESENTATIVE
 from tuner.gpu import MeasureSettings, measure_job_for
 from tuner.problem import Problem
-from tuner.space import available_families, load_space
+from tuner.space import ConfigError, available_families, load_space
 
 from .conftest import compile_many
 
@@ -58,13 +58,16 @@ def problems_for(dtype, head_dim, causal):
 
 def covering_configs(space, device, head_dim, seed=0):
     """For one head dim: its default, the family's representative knob combinations
-    (tests/kernels/test_kernel_builds.py), then configs feasible for every static problem of that head dim
+    (tests/kernels/sm90_configs.py, completed for the first static problem), then configs feasible for every static problem of that head dim
     so that every knob value that fits it appears at least once."""
     rng = random.Random(seed)
     probes = [problems_for(*s)[0] for s in statics(space) if s[1] == head_dim]
     chosen = [space.defaults(head_dim)]
     for partial in REPRESENTATIVE.get(space.name, {}).values():
-        c = space.validate(partial, partial=True, head_dim=head_dim)
+        try:
+            c = space.complete(partial, probes[0], device).config
+        except ConfigError:  # the given knobs do not run at this head dim
+            continue
         if c not in chosen and all(space.check(c, p, device) is None for p in probes):
             chosen.append(c)
     for knob in space.knobs:

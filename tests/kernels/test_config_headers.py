@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import family_params, supported_archs
+from tests.conftest import compile_config_header, family_params, supported_archs
 from tuner.devices import DEVICE_MACROS, limits_for_arch
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
@@ -26,30 +26,6 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"\n]+)"', re.MULTILINE)
 @pytest.fixture(params=family_params())
 def space(request):
     return load_space(request.param)
-
-
-def _compile_header(space, macros: dict[str, int], arch: str, tmp_path) -> subprocess.CompletedProcess:
-    """Compile a unit that includes only the family's config header (its static_asserts), for ``arch``."""
-    unit = tmp_path / "config_only.cu"
-    unit.write_text(f'#include "{space.family.config_header}"\n')
-    return subprocess.run(
-        [
-            "nvcc",
-            "-std=c++17",
-            "-I",
-            str(KERNEL_SRC),
-            f"-arch=sm_{arch}",
-            "-c",
-            "-o",
-            str(tmp_path / "config_only.o"),
-            *(f"-D{k}={v}" for k, v in macros.items()),
-            str(unit),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def _config_over_the_table_limit(space, problem, device, bigger):
@@ -87,9 +63,9 @@ def test_the_config_header_checks_the_limits_it_is_given(space, tmp_path):
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=max(space.family.head_dims))
     config = _config_over_the_table_limit(space, problem, device, bigger)
     arch = space.arch_string(device.arch)
-    fits = _compile_header(space, space.build_macros(config, problem, bigger), arch, tmp_path)
+    fits = compile_config_header(space, space.build_macros(config, problem, bigger), arch, tmp_path)
     assert fits.returncode == 0, fits.stderr[-3000:]
-    refused = _compile_header(space, space.build_macros(config, problem, device), arch, tmp_path)
+    refused = compile_config_header(space, space.build_macros(config, problem, device), arch, tmp_path)
     assert refused.returncode != 0 and "smem_fits" in refused.stderr, refused.stderr[-3000:]
 
 

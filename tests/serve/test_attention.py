@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import logging
 import os
 import pathlib
 import shutil
@@ -225,6 +226,36 @@ def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
     assert len(gpu.allocations) == 1 and gpu.allocations[0] >= 2 * 8  # made when the kernel was loaded
     assert {first, second} <= set(range(0xC0DE0000 + 0x100000, 0xC0DE0000 + 0x100000 + gpu.allocations[0], 8))
     assert launch.TILE_COUNTERS.get(0, 0x5EB) == second
+
+
+def test_sm90_a_partial_config_takes_the_defaults_nearest_that_run_and_logs_them(monkeypatch):
+    """config={"persistent": 0}: the default scheduler=1 orders persistent CTAs only, so the plan takes the static
+    order (a null tile counter) and the one log line says so; given knobs that conflict are an AttentionError."""
+    from tests.fakes.standin_launch import fake_tensor_map_encoder
+    from tuner.gpu import _tma as tma
+    from tuner.progress import log
+
+    gpu = StandInGPU(abi="sm90_tma_sched")
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    monkeypatch.setattr(log, "level", logging.INFO)
+    log.addHandler(handler)
+    try:
+        q, k, v = qkv(dtype=torch.bfloat16)
+        tuner.attention(q, k, v, family="sm90", config={"persistent": 0})
+        tuner.attention(q, k, v, family="sm90", config={"persistent": 0})  # the same plan: no second line
+    finally:
+        log.removeHandler(handler)
+    assert gpu.last["args"][-1] == 0 and len(gpu.launches) == 2
+    (plan,) = ta._cache.plans.values()
+    assert plan.config["persistent"] == 0 and plan.config["scheduler"] == 0
+    (line,) = [r.getMessage() for r in records]
+    assert line.startswith("sm90: the default scheduler=1 cannot run") and "took scheduler=0" in line, line
+    with pytest.raises(ta.AttentionError, match=r"persistent=0, q_stages=1 cannot run .*q_stages_persistent"):
+        tuner.attention(q, k, v, family="sm90", config={"persistent": 0, "q_stages": 1})
 
 
 # -- files that change while the process runs ---------------------------------------------------------

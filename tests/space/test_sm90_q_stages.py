@@ -7,12 +7,11 @@ no GPU."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 
+from tests.conftest import compile_config_header
 from tuner.devices import limits_for_arch
-from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
 from tuner.space import load_space
 
@@ -33,7 +32,8 @@ def test_two_stages_by_default_and_one_cta_per_block_keeps_the_default(space):
     for head_dim in (64, 128, 256):
         defaults = space.defaults(head_dim)
         assert defaults["q_stages"] == 2
-        assert space.check({**defaults, "persistent": 0, "scheduler": 0}, _problem(head_dim), H200) is None
+        one_per_block = space.complete({"persistent": 0}, _problem(head_dim), H200)
+        assert one_per_block.config["q_stages"] == 2 and "q_stages" not in {k for k, _, _ in one_per_block.moved}
     assert space.defaults(256)["persistent"] == 0  # so its default is q_stages=2 without persistent CTAs
 
 
@@ -62,20 +62,8 @@ def test_one_q_stage_without_persistent_ctas_is_refused(space):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_the_config_header_refuses_it_too(space, tmp_path):
-    unit = tmp_path / "config_only.cu"
-    unit.write_text(f'#include "{space.family.config_header}"\n')
-
     def build(cfg):
-        macros = space.build_macros(cfg, _problem(128), H200)
-        return subprocess.run(
-            ["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), "-arch=sm_90a", "-c", "-o", str(tmp_path / "c.o")]
-            + [f"-D{k}={v}" for k, v in macros.items()]
-            + [str(unit)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        return compile_config_header(space, space.build_macros(cfg, _problem(128), H200), "90a", tmp_path)
 
     config = {**space.defaults(128), "persistent": 0, "scheduler": 0, "q_stages": 1}
     refused = build(config)

@@ -5,12 +5,11 @@ checks them too). nvcc for the header half; no GPU."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 
+from tests.conftest import compile_config_header
 from tuner.devices import limits_for_arch
-from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
 from tuner.space import load_space
 
@@ -72,20 +71,9 @@ def test_the_space_refuses_what_the_dynamic_scheduler_cannot_run(space, name):
 def test_the_config_header_refuses_them_too(space, name, tmp_path):
     partial, _, _, assertion = REFUSED[name]
     config = space.validate(partial, partial=True, head_dim=128)
-    unit = tmp_path / "config_only.cu"
-    unit.write_text(f'#include "{space.family.config_header}"\n')
 
     def build(cfg):
-        macros = space.build_macros(cfg, PROBLEM, H200)
-        return subprocess.run(
-            ["nvcc", "-std=c++17", "-I", str(KERNEL_SRC), "-arch=sm_90a", "-c", "-o", str(tmp_path / "c.o")]
-            + [f"-D{k}={v}" for k, v in macros.items()]
-            + [str(unit)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        return compile_config_header(space, space.build_macros(cfg, PROBLEM, H200), "90a", tmp_path)
 
     refused = build(config)
     assert refused.returncode != 0 and assertion in refused.stderr, refused.stderr[-2000:]

@@ -19,6 +19,8 @@ __all__ = ["cmd_bench"]
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import run_bench, study_for_bench
+    from ..devices import DeviceLimits
+    from ..progress import log
     from ..space import AUTO_FAMILY, load_space
 
     if args.api:
@@ -44,7 +46,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with worker:
         if not args.study:
             family = resolve_family(args, [problem], arch=int(info["arch"])) if family == AUTO_FAMILY else family
-            config = load_space(family).validate(config, partial=True, head_dim=problem.head_dim)
+            completion = load_space(family).complete(config, problem, DeviceLimits.from_info(info))
+            if completion.note:
+                log.info(completion.note)
+            config = completion.config
         run_bench(worker, info, family, problem, config=config, out=sys.stdout)
     return 0
 
@@ -117,18 +122,27 @@ def _bench_suite(args: argparse.Namespace) -> int:
 
 
 def _check_config_early(family: str, problem, config) -> None:
-    """``--config`` checked before a GPU starts: against the family, or for ``auto`` (which waits for the
+    """``--config`` checked before a GPU starts: its knobs and values, and the checks they fail whatever the
+    other knobs and the GPU (:meth:`Space.conflicts`); against the family, or for ``auto`` (which waits for the
     GPU's arch) against each family that supports the problem, refused only where none takes it."""
-    from ..space import AUTO_FAMILY, SpaceError, available_families, load_space
+    from ..space import AUTO_FAMILY, ConfigError, SpaceError, available_families, load_space
 
     names = [family] if family != AUTO_FAMILY else available_families()
     spaces = [s for s in map(load_space, names) if family != AUTO_FAMILY or s.supports(problem) is None]
     errors = []
     for space in spaces:
         try:
-            space.validate(config, partial=True, head_dim=problem.head_dim)
-            return
-        except SpaceError as e:
+            conflicts = space.conflicts(config, problem)
+        except (ConfigError, SpaceError) as e:  # an unknown knob or value is a ConfigError
             errors.append(e)
-    if errors:
+            continue
+        if not conflicts:
+            return
+        given = ", ".join(f"{k}={v}" for k, v in config.items())
+        errors.append(
+            ConfigError(f"{space.name}: --config {given} cannot run {problem.slug()}: {'; '.join(conflicts)}")
+        )
+    if len(errors) == 1:
         raise errors[0]
+    if errors:  # family auto: no family takes it, each for its reason
+        raise ConfigError(f"--config fits no family that supports {problem.slug()}: {' | '.join(map(str, errors))}")

@@ -271,7 +271,8 @@ def _add_bench(sub) -> None:
     _add_storage(p)
     p.add_argument(
         "--config",
-        help="knob values, e.g. block_m=128,block_n=64 (others: defaults); with --api also a header path or 'auto'",
+        help="knob values, e.g. block_m=128,block_n=64 (others: their defaults, or where those cannot run beside "
+        "the given ones the nearest that do, said on stderr); with --api also a header path or 'auto'",
     )
     p.add_argument("--study", type=_study_name, help="take the config from this study's winner instead")
     p.add_argument("--suite", help="every problem of a suite file: its study's winner against the peers, as a table")

@@ -15,16 +15,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..devices import DeviceLimits
+from ..problem import Problem
 from ..space import AUTO_FAMILY, Config, Space, SpaceError, load_space
-from ._attention import AttentionError, cupy_attention, torch_attention
+from ._attention import AttentionError, completed, cupy_attention, torch_attention
 from ._tuned import TunedConfigs
 
 __all__ = ["attention", "register_torch_op", "resolve_config"]
 
 
-def resolve_config(space: Space, config: Mapping[str, Any] | str | Path | None, head_dim: int | None = None) -> Config:
-    """None: the family's defaults (for ``head_dim``); a mapping: those knobs (others default); a path: an
-    exported header."""
+def resolve_config(
+    space: Space,
+    config: Mapping[str, Any] | str | Path | None,
+    head_dim: int | None = None,
+    *,
+    problem: Problem | None = None,
+    device: DeviceLimits | None = None,
+) -> Config:
+    """None: the family's defaults (for ``head_dim``); a mapping: those knobs, the others at their defaults, or
+    given a ``problem`` and a ``device``, completed as ``tuner.attention`` completes it (:meth:`Space.complete`:
+    the defaults nearest that run, the moved ones logged); a path: an exported header."""
     if config is None:
         return space.defaults(head_dim)
     if isinstance(config, (str, Path)):
@@ -32,6 +42,8 @@ def resolve_config(space: Space, config: Mapping[str, Any] | str | Path | None, 
 
         return read_header(config, space)
     if isinstance(config, Mapping):
+        if problem is not None and device is not None:
+            return completed(space, config, problem, device)
         return space.validate(config, partial=True, head_dim=head_dim)
     raise AttentionError(
         f"config must be None, a dict of knob values or the path of an exported header, not {type(config).__name__}"
@@ -61,10 +73,11 @@ def attention(
         family: ``"auto"`` (the family a header or tuned table names, else the fastest family that runs on the
             device: :func:`tuner.space.choose_family`), a kernel family (a file in ``search_spaces/``) or the
             path of a space file.
-        config: None (the family's defaults), a dict of knob values (others default), the path of a header
-            written by ``flashtune export`` (made for this head dim, dtype and mask; it names its family), or
-            ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's ``select()``
-            picks it; a shape the table does not cover gets the family default with one
+        config: None (the family's defaults), a dict of knob values (the others at their defaults, or where those
+            cannot run beside the given ones the nearest that do, logged: :meth:`tuner.space.Space.complete`), the
+            path of a header written by ``flashtune export`` (made for this head dim, dtype and mask; it names its
+            family), or ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's
+            ``select()`` picks it; a shape the table does not cover gets the family default with one
             :class:`AutoConfigWarning` per launch plan.
         tuned: with ``config="auto"``: the ``.json`` that ``flashtune export --dispatch -o x.h`` writes beside
             the header, a suite file, a storage URL, or a :class:`tuner.serve.TunedConfigs`; without it the

@@ -38,7 +38,8 @@ from ..errors import FlashtuneError
 from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, header_family, parse_header
 from ..files import FileContentError, read_content
 from ..problem import DTYPES, Problem
-from ..space import AUTO_FAMILY, Config, Space, load_space
+from ..progress import log
+from ..space import AUTO_FAMILY, Config, ConfigError, Space, load_space
 from ._family import FamilyChoiceError, resolve_family
 from ._tuned import TunedConfigs, TunedError, shipped_tuned, tuned_configs
 
@@ -198,6 +199,18 @@ def _tuned_of(config_key: tuple, gpu_name: str) -> TunedConfigs | None:
     return config_key[1] if config_key[1] is not None else shipped_tuned(gpu_name)
 
 
+def completed(space: Space, config: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> Config:
+    """A partial config made whole (:meth:`Space.complete`), the defaults it moved logged (never a silent change;
+    once per plan: plans are built once per key); one that cannot run is an :class:`AttentionError`."""
+    try:
+        completion = space.complete(config, problem, device)
+    except ConfigError as e:
+        raise AttentionError(str(e)) from None
+    if completion.note:
+        log.info(completion.note)
+    return completion.config
+
+
 def _chosen_config(
     space: Space,
     space_key: tuple[str, str],
@@ -210,7 +223,7 @@ def _chosen_config(
     if kind == "defaults":
         return space.defaults(problem=problem, device=device)
     if kind == "knobs":  # knobs left out: the head dim's and arch's defaults (a rule's would not fit the given ones)
-        return space.validate(dict(config_key[1]), partial=True, head_dim=problem.head_dim, arch=device.arch)
+        return completed(space, dict(config_key[1]), problem, device)
     if kind == "auto":
         try:
             config, why_default = tuned.lookup(space, problem, device.arch, device)

@@ -4,7 +4,8 @@
 checks it thoroughly and returns a :class:`Space`. Everything else is computed from that one
 object: the search's distributions (:class:`Knob`), the static feasibility check that runs before
 any compile (``Space.check``), the ``-D`` macros of a build (``Space.build_macros``) and of an
-exported header (``Space.macros``), and the launch geometry (``Space.launch``). Derived values,
+exported header (``Space.macros``), the launch geometry (``Space.launch``) and a partial config made
+whole (``Space.complete``: the defaults, or the feasible values nearest them). Derived values,
 constraints and launch sizes are small integer expressions (:func:`compile_expr`), which refuse
 anything but arithmetic, comparisons, conditionals and a few whitelisted functions.
 :func:`choose_family` is ``family="auto"``: the most specialised family that runs on a device.
@@ -16,6 +17,7 @@ from ._choose import AUTO_FAMILY, choose_family, family_preference, rank_familie
 from ._expr import Expr, ExprError, compile_expr
 from ._space import (
     KERNELS_ENV,
+    Completion,
     Config,
     ConfigError,
     Constraint,
@@ -34,6 +36,7 @@ from ._space import (
 __all__ = [
     "AUTO_FAMILY",
     "KERNELS_ENV",
+    "Completion",
     "Config",
     "ConfigError",
     "Constraint",

@@ -27,6 +27,7 @@ from ._expr import Expr, ExprError, compile_expr
 
 __all__ = [
     "KERNELS_ENV",
+    "Completion",
     "Config",
     "ConfigError",
     "Constraint",
@@ -130,6 +131,15 @@ class DefaultRule:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """A partial config made whole (:meth:`Space.complete`): every knob, and the defaults it had to move."""
+
+    config: Config
+    moved: tuple[tuple[str, int, int], ...] = ()  # (knob, its default, the value taken), in knob order
+    note: str = ""  # one line: which defaults were moved and why ("" when none was)
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     description: str
@@ -165,9 +175,14 @@ class Space:
     root: Path = KERNEL_SRC  # the kernel directory the family's sources are relative to (also nvcc's -I)
     default_rules: tuple[DefaultRule, ...] = ()
     _by_name: dict[str, Knob] = field(default_factory=dict, repr=False, compare=False)
+    #: knob and derived name -> the knobs, problem and device fields its value is computed from
+    _sources: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._by_name.update({k.name: k for k in self.knobs})
+        self._sources.update({k.name: frozenset({k.name}) for k in self.knobs})
+        for d in self.derived:  # each reads only what is declared before it
+            self._sources[d.name] = self.reads(d.expr)
 
     # -- the knobs -------------------------------------------------------------------------
     @property
@@ -272,20 +287,59 @@ class Space:
 
     def violations(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> list[str]:
         """Every reason ``config`` cannot run ``problem`` on ``device`` (empty when feasible)."""
+        return [reason for reason, _ in self.failures(config, problem, device)]
+
+    def failures(
+        self, config: Mapping[str, int], problem: Problem, device: DeviceLimits
+    ) -> list[tuple[str, frozenset[str]]]:
+        """:meth:`violations`, each with the names its check reads (:meth:`reads`): which knobs could mend it.
+        The family's problems and archs read nothing (no knob mends them); an expression that cannot be
+        evaluated reads every knob."""
         unsupported = self.supports(problem)
         if unsupported:
-            return [unsupported]
+            return [(unsupported, frozenset())]
         wrong_arch = self.runs_on(device.arch)
         if wrong_arch:
-            return [wrong_arch]
+            return [(wrong_arch, frozenset())]
         try:
             env = self.environment(config, problem, device)
-            reasons = [f"{c.name}: {c.message.format(**env)}" for c in self.constraints if not c.expr(env)]
-            if reasons:
-                return reasons
-            return _launch_violations(self.launch(config, problem, device))
+            failed = [
+                (f"{c.name}: {c.message.format(**env)}", self.reads(c.expr))
+                for c in self.constraints
+                if not c.expr(env)
+            ]
+            if failed:
+                return failed
+            reasons = _launch_violations(self.launch(config, problem, device))
+            if not reasons:
+                return []
+            launch = self.reads(self.launch_threads, self.launch_smem_bytes, *self.launch_grid)
+            return [(reason, launch) for reason in reasons]
         except ExprError as e:  # e.g. a value beyond 64 bits for this problem: the config cannot be built
-            return [f"cannot evaluate the {self.name} space for this config and problem: {e}"]
+            return [
+                (f"cannot evaluate the {self.name} space for this config and problem: {e}", frozenset(self._by_name))
+            ]
+
+    def reads(self, *exprs: Expr) -> frozenset[str]:
+        """The knobs, problem and device fields that ``exprs`` are computed from (derived values followed)."""
+        names: set[str] = set()
+        for expr in exprs:
+            for name in expr.names:
+                names |= self._sources.get(name, {name})
+        return frozenset(names)
+
+    def complete(self, config: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> Completion:
+        """A partial ``config`` made whole for ``problem`` on ``device`` (:func:`tuner.space.complete`)."""
+        from ._complete import complete
+
+        return complete(self, config, problem, device)
+
+    def conflicts(self, config: Mapping[str, Any], problem: Problem) -> list[str]:
+        """The checks that the knobs ``config`` gives fail for ``problem`` whatever the other knobs and the device
+        (checks that read nothing else): a partial config refused before the device is known."""
+        from ._complete import conflicts
+
+        return conflicts(self, config, problem)
 
     def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
         """The first reason ``config`` is infeasible, or None."""
