@@ -14,7 +14,6 @@
 // nothing (merge_splits).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "sm90/block_info.cuh"
@@ -25,6 +24,7 @@
 #include "sm90/ptx/warpgroup.cuh"
 #include "sm90/ptx/wgmma.cuh"
 #include "sm90/smem_layout.cuh"
+#include "sm90/split_merge.cuh"
 
 namespace ft_sm90 {
 
@@ -41,9 +41,7 @@ struct SplitSlot {
 };
 
 // Writes this warpgroup's partial and returns whether it merged: then o and lse hold the tile's O
-// (normalised) and LSE over all kKvSplits key ranges. LSE merge, per row: m = max_s lse_s,
-// w_s = exp(lse_s - m), O = sum_s w_s O_s / sum_s w_s, LSE = m + log(sum_s w_s); a split without a key for
-// the row (lse_s = -inf, O_s = 0) weighs 0, and a row that no split sees keeps O = 0, LSE = -inf.
+// (normalised) and LSE over all kKvSplits key ranges, merged row by row as split_merge.cuh says.
 template <int kO>
 __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int tid, float (&o)[kO],
                                              float (&lse)[2]) {
@@ -64,38 +62,25 @@ __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int
   if (!named_barrier_or(bar, 128, last)) return false;
   __threadfence();  // the other splits' partials, counted before our count, are read after it
 
-  // Runtime loops over the splits (unroll 1): unrolled, ptxas hoists every split's loads and spills at head dim 64.
   const float* const tile = where.partials + static_cast<int64_t>(where.slot) * kKvSplits * kRows * 128 + tid;
   const auto split_lse = [&](int s, int h) { return s == where.split ? lse[h] : __ldcg(tile + (s * kRows + kO + h) * 128); };
-  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
-#pragma unroll 1
-  for (int s = 0; s < kKvSplits; ++s)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) m[h] = fmaxf(m[h], split_lse(s, h));
-  const auto weight = [&](int s, int h) {  // unnormalised; 0 for a split without keys and a row without any
-    return m[h] == -INFINITY ? 0.f : exp2f((split_lse(s, h) - m[h]) * float(M_LOG2E));
-  };
-#pragma unroll 1
-  for (int s = 0; s < kKvSplits; ++s)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) sum[h] += weight(s, h);
-  float inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) inv[h] = sum[h] > 0.f ? 1.f / sum[h] : 0.f;
+  const SplitMerge merge[2] = {SplitMerge([&](int s) { return split_lse(s, 0); }),
+                               SplitMerge([&](int s) { return split_lse(s, 1); })};
   {
-    const float own_weight[2] = {weight(where.split, 0) * inv[0], weight(where.split, 1) * inv[1]};
+    const float own[2] = {merge[0].weight(lse[0]), merge[1].weight(lse[1])};
 #pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] *= own_weight[ptx::acc_row_half(i)];
+    for (int i = 0; i < kO; ++i) o[i] *= own[ptx::acc_row_half(i)];
   }
+  // a runtime loop: unrolled, ptxas hoists every split's loads and spills at head dim 64
 #pragma unroll 1
   for (int s = 0; s < kKvSplits; ++s) {
     if (s == where.split) continue;
-    const float w[2] = {weight(s, 0) * inv[0], weight(s, 1) * inv[1]};
+    const float w[2] = {merge[0].weight(split_lse(s, 0)), merge[1].weight(split_lse(s, 1))};
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] += w[ptx::acc_row_half(i)] * __ldcg(tile + (s * kRows + i) * 128);
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) lse[h] = sum[h] > 0.f ? m[h] + logf(sum[h]) : -INFINITY;
+  lse[0] = merge[0].lse;
+  lse[1] = merge[1].lse;
   return true;
 }
 

@@ -109,6 +109,17 @@ CONFIGS = {  # (head dim, scheduling knobs and tile shapes; the rest at that hea
             "persistent": 1,
         },
     ),
+    # split-KV: kv_splits units per query block, each a contiguous range of its key blocks (with the dynamic and
+    # the static order, one CTA per block, a cluster, and more splits than some blocks have key blocks)
+    "split3_dynamic": (128, {"kv_splits": 3}),
+    "split2_static_snake": (128, {"kv_splits": 2, "persistent": 1, "scheduler": 0}),
+    "split4_one_per_block": (128, {"kv_splits": 4, "persistent": 0, "scheduler": 0}),
+    "split2_cluster": (
+        128,
+        {"kv_splits": 2, "cta_mode": 2, "scheduler": 0, "producer_regs": 32, "consumer_regs": 232},
+    ),
+    "split8_d64": (64, {"kv_splits": 8}),
+    "split6_d256": (256, {"kv_splits": 6}),
 }
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
@@ -223,3 +234,14 @@ def test_a_broken_schedule_is_caught(binaries):
         timeout=60,
     )
     assert run.returncode == 1 and "not visited exactly once" in run.stdout
+
+
+def test_a_split_left_out_is_caught(binaries):
+    """With split-KV every query block takes kv_splits units: a grid one CTA short leaves a split out."""
+    space, device, built = binaries
+    exe, config = built["split4_one_per_block", True]
+    problem = Problem(batch=1, seqlen_q=1000, heads_q=2, heads_kv=1, head_dim=128, causal=True)
+    gx, gy, gz = space.launch(config, problem, device).grid
+    assert gx == 4 * 8  # 8 query blocks of 128 rows, 4 splits each
+    run = _run(exe, (gx - 1, gy, gz), 1, 1000, 1000, 2, 1)
+    assert run.returncode == 1 and "not visited exactly once per split" in run.stdout

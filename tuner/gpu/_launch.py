@@ -362,16 +362,19 @@ class SplitWorkspaces:
         if fitting:
             new = min(fitting, key=lambda w: (w.partial_bytes, w.counter_bytes))
             spare.remove(new)
-        else:  # at least twice the old sizes: a stream's problems growing step by step retire few workspaces
-            grown = (
-                (max(counter_bytes, 2 * old.counter_bytes), max(partial_bytes, 2 * old.partial_bytes)) if old else None
-            )
+        else:  # each part as large as the old one's, or twice that if it is too small (few workspaces retire)
+            sizes = (counter_bytes, partial_bytes)
+            if old is not None:
+                sizes = tuple(
+                    had if need <= had else max(need, 2 * had)
+                    for need, had in zip(sizes, (old.counter_bytes, old.partial_bytes), strict=True)
+                )
             have = f"{old.counter_bytes} + {old.partial_bytes} B" if old else "none"
             why = (
                 f"this stream's split-KV workspace ({have}) is smaller than the kernel needs "
                 f"({counter_bytes} + {partial_bytes} B)"
             )
-            new = _Workspace(*(grown or (counter_bytes, partial_bytes)), stream, why)
+            new = _Workspace(*sizes, stream, why)
         if old is not None:
             self._retired.append(old)
         self._by_stream[key] = new
