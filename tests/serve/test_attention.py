@@ -191,12 +191,12 @@ def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
         assert words[0] == tma.CU_TENSOR_MAP_DATA_TYPE["bf16"] and words[1] == t.data_ptr()
         assert words[2:6] == (d, n, h, b)
         assert words[6:9] == (2 * t.stride(1), 2 * t.stride(2), 2 * t.stride(0))  # row, head, batch (bytes)
-    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5, 0]
+    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5, 0, 0, 0]  # null counter and workspace
     assert gpu.allocations == []
 
 
 def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
-    """scheduler=1: the kernel's last argument is its stream's tile counter, the same one at every call on that
+    """scheduler=1: the kernel's tile counter argument (before split-KV's two) is its stream's tile counter, the same one at every call on that
     stream, another on another stream; one zeroed allocation holds the counters of many streams."""
     from tests.fakes.standin_launch import fake_tensor_map_encoder
     from tuner.gpu import _launch as launch
@@ -213,7 +213,7 @@ def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
     def counter_of_call() -> int:
         tuner.attention(q, k, v, causal=True, family="sm90", config=dynamic)
         assert gpu.last["stream"] == stream[0]
-        return gpu.last["args"][-1]
+        return gpu.last["args"][-3]
 
     first = counter_of_call()
     assert first != 0 and counter_of_call() == first
@@ -225,6 +225,37 @@ def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
     assert len(gpu.allocations) == 1 and gpu.allocations[0] >= 2 * 8  # made when the kernel was loaded
     assert {first, second} <= set(range(0xC0DE0000 + 0x100000, 0xC0DE0000 + 0x100000 + gpu.allocations[0], 8))
     assert launch.TILE_COUNTERS.get(0, 0x5EB) == second
+
+
+def test_sm90_split_kv_gets_a_workspace_per_stream_grown_for_a_larger_problem(monkeypatch):
+    """kv_splits > 1: the kernel's last two arguments are its stream's split-KV counters and partials (the counters
+    first, the partials past them in one allocation), the same at every call on that stream, others on another
+    stream; a larger problem on the stream gets a larger workspace, a smaller one keeps it; kv_splits = 1 passes
+    null pointers."""
+    from tests.fakes.standin_launch import fake_tensor_map_encoder
+    from tuner.gpu import _tma as tma
+
+    gpu = StandInGPU(abi="sm90_tma_sched")
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
+    stream = [0x5EA]
+    monkeypatch.setattr(ta, "_torch_stream", lambda torch, device: stream[0])
+    split = {"kv_splits": 4}
+
+    def workspace_of_call(seqlen: int, config=split) -> tuple[int, int]:
+        q, k, v = qkv(batch=1, seqlen_q=seqlen, heads_q=4, heads_kv=2, dtype=torch.float16)
+        tuner.attention(q, k, v, causal=True, family="sm90", config=config)
+        assert gpu.last["stream"] == stream[0]
+        return tuple(gpu.last["args"][-2:])
+
+    first = workspace_of_call(512)
+    assert 0 not in first and first[0] < first[1] and workspace_of_call(512) == first
+    stream[0] = 0x5EB
+    assert workspace_of_call(512) not in (first, (0, 0))
+    stream[0] = 0x5EA
+    larger = workspace_of_call(2048)  # four times the query blocks: more counters and partials
+    assert larger != first and workspace_of_call(1024) == larger
+    assert workspace_of_call(512, {"kv_splits": 1}) == (0, 0)
 
 
 # -- files that change while the process runs ---------------------------------------------------------
