@@ -63,7 +63,9 @@ __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int
   __threadfence();  // the other splits' partials, counted before our count, are read after it
 
   const float* const tile = where.partials + static_cast<int64_t>(where.slot) * kKvSplits * kRows * 128 + tid;
-  const auto split_lse = [&](int s, int h) { return s == where.split ? lse[h] : __ldcg(tile + (s * kRows + kO + h) * 128); };
+  const auto split_lse = [&](int s, int h) {
+    return s == where.split ? lse[h] : __ldcg(tile + (s * kRows + kO + h) * 128);
+  };
   const SplitMerge merge[2] = {SplitMerge([&](int s) { return split_lse(s, 0); }),
                                SplitMerge([&](int s) { return split_lse(s, 1); })};
   {

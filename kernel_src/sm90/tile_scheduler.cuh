@@ -24,7 +24,8 @@
 //   a zeroed counter serves every later launch on one stream (tuner/gpu/_launch.py keeps one per stream).
 //   FT_KV_SPLITS=S > 1 (split-KV): every query-block group (a "tile", numbered as the units above) is S
 //   units, one per contiguous range of its key blocks (BlockInfo), the split index fastest:
-//   unit = tile * S + split, so the S units of a tile run at the same time (and share its Q and K/V in L2).
+//   unit = tile * S + split, so the S units of a tile run at the same time (its Q, and its head's K/V,
+//   come from L2).
 //   Each orders, persists and fetches exactly as above, over S times the units (the grid: space file).
 #pragma once
 

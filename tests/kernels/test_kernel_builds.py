@@ -125,6 +125,28 @@ SM90_REPRESENTATIVE = {
         "kv_barriers": 1,
         "pingpong": 1,
     },
+    # split-KV (the partials' stores and the merge in the epilogue): with the dynamic scheduler (the default), one
+    # CTA per block, a persistent cluster with the serial loop, ping-pong with one Q stage, two CTAs per SM
+    "split2": {"kv_splits": 2},
+    "split3_one_per_block": {"kv_splits": 3, "persistent": 0, "scheduler": 0},
+    "split4_cluster_persistent_serial": {
+        "kv_splits": 4,
+        "cta_mode": 2,
+        "scheduler": 0,
+        "persistent": 1,
+        "producer_regs": 32,
+        "consumer_regs": 232,
+        "intra_wg_overlap": 0,
+    },
+    "split6_pingpong_one_q_stage": {"kv_splits": 6, "pingpong": 1, "persistent": 1, "q_stages": 1},
+    "split8_two_ctas_per_sm": {
+        "kv_splits": 8,
+        "ctas_per_sm": 2,
+        "consumer_wgs": 1,
+        "producer_regs": 24,
+        "consumer_regs": 232,
+        "block_n": 64,
+    },
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -145,6 +167,16 @@ SM90_D64_REPRESENTATIVE = {
         "intra_wg_overlap": 0,
         "persistent": 1,
         "scheduler": 1,
+    },
+    "d64_three_wgs_serial_bn160_dynamic_split3": {  # the serial loop's 28 spare registers, and the merge
+        "consumer_wgs": 3,
+        "producer_regs": 32,
+        "consumer_regs": 160,
+        "block_n": 160,
+        "intra_wg_overlap": 0,
+        "persistent": 1,
+        "scheduler": 1,
+        "kv_splits": 3,
     },
     "d64_two_ctas_per_sm_bn128_poly_exp": {
         "ctas_per_sm": 2,
@@ -184,6 +216,8 @@ SM90_D256_REPRESENTATIVE = {
         "consumer_regs": 232,
     },
     "d256_persistent_one_q_stage": {"persistent": 1, "q_stages": 1},  # two Q stages do not fit at d256
+    "d256_split4": {"kv_splits": 4},
+    "d256_persistent_one_q_stage_split2": {"persistent": 1, "q_stages": 1, "kv_splits": 2},
     "d256_one_wg_dynamic": {
         "consumer_wgs": 1,
         "producer_regs": 56,
@@ -238,6 +272,22 @@ def test_sm90_head_dim_256_configs_build_without_spills(name, dtype, causal):
     assert space.check(config, problem, device) is None
     kernel = compile_config(space, config, problem, device)
     assert not kernel.resources.spills, (name, kernel.resources)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_every_kv_splits_value_builds_without_spills(head_dim):
+    """Each kv_splits value with the head dim's defaults (the d64 default, three consumer warpgroups at 160
+    registers, has no register to spare: the merge once spilled there), causal (the split's first block bound in
+    the causal skip) and not."""
+    space = load_space("sm90")
+    device = limits_for_arch(90)
+    for splits in space.knob("kv_splits").values:
+        config = {**space.defaults(head_dim), "kv_splits": splits}
+        for causal, dtype in ((False, "fp16"), (True, "bf16")):
+            problem = _problem(head_dim, dtype, causal)
+            assert space.check(config, problem, device) is None
+            kernel = compile_config(space, config, problem, device)
+            assert not kernel.resources.spills, (splits, problem.slug(), kernel.resources)
 
 
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
