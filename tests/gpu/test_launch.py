@@ -377,3 +377,25 @@ def test_each_launch_passes_its_streams_workspace(workspaces, monkeypatch, stand
     streams = (0x1111, 0x2222, 0x1111, 0x2222)
     expected = [(s, *ws.get(0, s, 96, 8192)) for s in streams] + [(s, 0, 0) for s in streams]
     assert seen == expected and expected[0][1:] != expected[1][1:]
+
+
+def test_kernels_of_the_other_abis_launch_without_a_workspace(workspaces, monkeypatch, stand_in_driver):
+    """flat and sm90_tma have neither a tile counter nor a workspace: their launches allocate nothing."""
+    _, allocations = workspaces
+    launched = []
+    monkeypatch.setattr(launch, "launch_kernel", lambda *a: launched.append(a[4]))
+    for abi, params in (("flat", {}), ("sm90_tma", {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64})):
+        kernel = launch.Kernel(
+            types.SimpleNamespace(ptr=0xF00D),
+            abi=abi,
+            grid=(1, 1, 1),
+            threads=128,
+            smem_bytes=0,
+            config={},
+            abi_params=params,
+        )
+        kernel.launcher(SHAPE)(0x1111, Q, K, V, O, LSE, 1.0)
+        args = launch.ABIS[abi](SHAPE, params)
+        args.pack(Q, K, V, O, LSE, 1.0)
+        kernel.launch(args, 0x1111)
+    assert launched == [0x1111] * 4 and allocations == []

@@ -150,6 +150,7 @@ class TmaArgs:
 
     abi = "sm90_tma"
     uses_tile_counter = False
+    split_workspace: tuple[int, int] | None = None
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
