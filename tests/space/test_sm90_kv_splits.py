@@ -65,3 +65,7 @@ def test_splits_are_refused_where_every_sm_has_work(space):
     edge = Problem(batch=1, seqlen_q=128 * 132, heads_q=1, head_dim=128)  # 132 units: one per SM already
     assert space.check(config, edge, H200) is not None
     assert space.check(config, Problem(batch=1, seqlen_q=128 * 131, heads_q=1, head_dim=128), H200) is None
+    cluster = space.validate({**CLUSTER, "kv_splits": 2}, partial=True, head_dim=128)  # two CTAs a unit
+    assert space.check(cluster, Problem(batch=1, seqlen_q=256 * 65, heads_q=1, head_dim=128), H200) is None
+    reasons = space.violations(cluster, Problem(batch=1, seqlen_q=256 * 66, heads_q=1, head_dim=128), H200)
+    assert [r.split(":", 1)[0] for r in reasons] == ["kv_splits_few_units"], reasons
