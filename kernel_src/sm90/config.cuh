@@ -70,6 +70,9 @@
 // a space without this knob passes none (its [launch.abi] tile_counter is 0); search_spaces/sm90.toml picks 1.
 #define FT_SCHEDULER 0
 #endif
+#ifndef FT_KV_SPLITS
+#define FT_KV_SPLITS 1  // CTAs (units) sharing one query block's key blocks, merged by LSE weights (1 = no split)
+#endif
 
 // ---- device limits -----------------------------------------------------------------------
 // The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
@@ -121,6 +124,7 @@ constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kCtasPerSm = FT_CTAS_PER_SM;
 constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
+constexpr int kKvSplits = FT_KV_SPLITS;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
 constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
@@ -176,5 +180,6 @@ static_assert(FT_SCHEDULER == 0 || FT_SCHEDULER == 1, "scheduler: 0 (static snak
 static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders the units of persistent CTAs");
 static_assert(!kDynamicScheduler || kClusterCtas == 1,
               "scheduler=1 (dynamic) needs cta_mode=1: a cluster would have to share each fetched unit over DSMEM");
+static_assert(kKvSplits >= 1 && kKvSplits <= 8, "kv_splits: 1 (no split) to 8 key ranges per query block");
 
 }  // namespace ft_sm90

@@ -6,6 +6,12 @@
 // until the next unit's first S GEMM, then handed back to the producer for the Q two units on.
 // With one Q stage the next unit's Q goes into this very stage, and the consumers wait for it
 // before that unit's first S GEMM: the stage is handed back at the end of this epilogue.
+//
+// Split-KV (kKvSplits > 1): each unit computes one key range of its tile; every consumer warpgroup
+// first writes its partial (normalised O and LSE, fp32, in its threads' accumulator order) to the
+// workspace and counts itself on its rows' counter; the warpgroup whose split arrives last merges
+// the kKvSplits partials (its own from registers) and stores O and LSE as above; the others store
+// nothing (merge_splits).
 #pragma once
 
 #include <cstdint>
@@ -18,46 +24,111 @@
 #include "sm90/ptx/warpgroup.cuh"
 #include "sm90/ptx/wgmma.cuh"
 #include "sm90/smem_layout.cuh"
+#include "sm90/split_merge.cuh"
 
 namespace ft_sm90 {
 
+// Split-KV: where one consumer warpgroup's partial of one unit goes (ABI sm90_tma_sched's split_counters and
+// split_partials, sized by the space file's split_counter_bytes and split_partial_bytes). `slot` numbers the
+// warpgroup's 64 rows of a tile: (tile * kClusterCtas + rank) * kConsumerWgs + wg; counters[slot] counts the
+// splits done with them (zero at launch, and zeroed again by the merging warpgroup, so the counters serve the
+// next launch on the stream); partial (slot, split) is kO + 2 rows of 128 floats (O values, then the two LSEs),
+// one column per thread of the warpgroup.
+struct SplitSlot {
+  unsigned* counters;
+  float* partials;
+  int slot, split;
+};
+
+// Writes this warpgroup's partial and returns whether it merged: then o and lse hold the tile's O
+// (normalised) and LSE over all kKvSplits key ranges, merged row by row as split_merge.cuh says.
+template <int kO>
+__device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int tid, float (&o)[kO],
+                                             float (&lse)[2]) {
+  constexpr int kRows = kO + 2;
+  float* const own = where.partials + (static_cast<int64_t>(where.slot) * kKvSplits + where.split) * kRows * 128 + tid;
+#pragma unroll
+  for (int i = 0; i < kO; ++i) __stcg(own + i * 128, o[i]);
+  __stcg(own + kO * 128, lse[0]);
+  __stcg(own + (kO + 1) * 128, lse[1]);
+  __threadfence();  // this thread's partial is visible on the GPU before the warpgroup counts it
+  const uint32_t bar = barrier_id(BarrierId::kEpilogue0, wg);
+  named_barrier_sync(bar, 128);
+  bool last = false;
+  if (tid == 0) {
+    last = atomicAdd(&where.counters[where.slot], 1u) == kKvSplits - 1;
+    if (last) where.counters[where.slot] = 0;  // every split has counted: no other access in this launch
+  }
+  if (!named_barrier_or(bar, 128, last)) return false;
+  __threadfence();  // the other splits' partials, counted before our count, are read after it
+
+  const float* const tile = where.partials + static_cast<int64_t>(where.slot) * kKvSplits * kRows * 128 + tid;
+  const auto split_lse = [&](int s, int h) {
+    return s == where.split ? lse[h] : __ldcg(tile + (s * kRows + kO + h) * 128);
+  };
+  const SplitMerge merge[2] = {SplitMerge([&](int s) { return split_lse(s, 0); }),
+                               SplitMerge([&](int s) { return split_lse(s, 1); })};
+  {
+    const float own[2] = {merge[0].weight(lse[0]), merge[1].weight(lse[1])};
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] *= own[ptx::acc_row_half(i)];
+  }
+  // a runtime loop: unrolled, ptxas hoists every split's loads and spills at head dim 64
+#pragma unroll 1
+  for (int s = 0; s < kKvSplits; ++s) {
+    if (s == where.split) continue;
+    const float w[2] = {merge[0].weight(split_lse(s, 0)), merge[1].weight(split_lse(s, 1))};
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] += w[ptx::acc_row_half(i)] * __ldcg(tile + (s * kRows + i) * 128);
+  }
+  lse[0] = merge[0].lse;
+  lse[1] = merge[1].lse;
+  return true;
+}
+
 template <int kO>
 __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo& blk, int q_stage, int wg, int warp,
-                                            int lane, const float (&o)[kO], const float (&lse)[2],
-                                            const ptx::TmaDesc* tma_o, float* __restrict__ lse_out, int heads_q,
-                                            StoreHeldStage<kQStages, kPersistent>& held) {
+                                            int lane, float (&o)[kO], float (&lse)[2], const ptx::TmaDesc* tma_o,
+                                            float* __restrict__ lse_out, int heads_q,
+                                            StoreHeldStage<kQStages, kPersistent>& held, const SplitSlot& split) {
   const bool storing_thread = warp == 0 && lane == 0;
   // A unit without a first S GEMM for these rows has not handed the previous stage back yet.
   // Afterwards only this warpgroup's last store may still be in flight.
   held.release(smem.q_ring, storing_thread);
+  // Split-KV: only the warpgroup that merged the splits stores (warpgroup-uniform); the others take the
+  // same path without writing, so the stage is handed back as after a store.
+  bool write = true;
+  if constexpr (kKvSplits > 1) write = merge_splits(split, wg, 32 * warp + lane, o, lse);
   // This warpgroup's rows of the stage: Q landed before the main loop (the consumer waited for
   // it) and its S GEMMs have completed; no store reads them (that unit's was waited for before
   // the producer reloaded the stage).
   const uint32_t tile = ptx::smem_addr(smem.q[q_stage]) + wg * kWgRows * kRowBytes;
   const int row0 = 16 * warp + lane / 4;  // row of h = 0 within the warpgroup's 64
+  if (write) {
 #pragma unroll
-  for (int i = 0; i < kO; i += 2) {
-    const int row = row0 + 8 * ptx::acc_row_half(i);
-    const int col = (i >> 2) * 8 + 2 * (lane % 4);
-    const uint32_t packed = ptx::pack2<kIsBf16>(o[i], o[i + 1]);
-    // Panels are kBlockM rows apart; rows of this warpgroup start at `tile`.
-    const int panel = col / kPanelCols, c = col % kPanelCols;
-    const uint32_t addr = tile + panel * kBlockM * kRowBytes + row * kRowBytes + ((((c / 8) ^ (row % 8))) << 4) +
-                          (c % 8) * 2;
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+    for (int i = 0; i < kO; i += 2) {
+      const int row = row0 + 8 * ptx::acc_row_half(i);
+      const int col = (i >> 2) * 8 + 2 * (lane % 4);
+      const uint32_t packed = ptx::pack2<kIsBf16>(o[i], o[i + 1]);
+      // Panels are kBlockM rows apart; rows of this warpgroup start at `tile`.
+      const int panel = col / kPanelCols, c = col % kPanelCols;
+      const uint32_t addr = tile + panel * kBlockM * kRowBytes + row * kRowBytes + ((((c / 8) ^ (row % 8))) << 4) +
+                            (c % 8) * 2;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+    }
   }
   ptx::fence_proxy_async_smem();
   named_barrier_sync(barrier_id(BarrierId::kEpilogue0, wg), 128);
 
   const int first_row = blk.m0() + wg * kWgRows;
-  if (storing_thread && first_row < blk.seqlen_q) {
+  if (write && storing_thread && first_row < blk.seqlen_q) {
     for (int p = 0; p < kPanels; ++p)
       ptx::tma_store_4d(tma_o, tile + p * kBlockM * kRowBytes, p * kPanelCols, first_row, blk.head, blk.batch);
     ptx::tma_store_commit();
   }
   held.hold(q_stage);  // every warpgroup, stored or not: one arrival each on the stage's empty barrier
 
-  if (lane % 4 == 0) {
+  if (write && lane % 4 == 0) {
     float* lse_row = lse_out + (static_cast<int64_t>(blk.batch) * heads_q + blk.head) * blk.seqlen_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

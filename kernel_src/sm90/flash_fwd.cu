@@ -6,7 +6,8 @@
 // per CTA, or a persistent loop with one or two Q stages). With FT_CTA_MODE=2 the CTAs come in clusters
 // of two along the query blocks and each loads half of every K/V tile for both. Semantics:
 // kernel_src/README.md; ABI sm90_tma_sched: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
-// LSE as a pointer, and the dynamic scheduler's zeroed counter (FT_SCHEDULER=1; null and unread otherwise).
+// LSE as a pointer, the dynamic scheduler's zeroed counter (FT_SCHEDULER=1; null and unread otherwise), and
+// split-KV's zeroed counters and fp32 partials (FT_KV_SPLITS > 1; null and unread otherwise; epilogue.cuh).
 #include "sm90/block_info.cuh"
 #include "sm90/config.cuh"
 #include "sm90/epilogue.cuh"
@@ -31,7 +32,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
     flashtune_fwd(const __grid_constant__ ptx::TmaDesc tma_q, const __grid_constant__ ptx::TmaDesc tma_k,
                   const __grid_constant__ ptx::TmaDesc tma_v, const __grid_constant__ ptx::TmaDesc tma_o,
                   float* __restrict__ lse, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
-                  float softmax_scale, unsigned int* __restrict__ tile_counter) {
+                  float softmax_scale, unsigned int* __restrict__ tile_counter,
+                  unsigned int* __restrict__ split_counters, float* __restrict__ split_partials) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_addr(smem_raw);
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024 - raw % 1024) % 1024));
@@ -70,7 +72,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
     HeldQStage held;  // the previous unit's Q stage, while its O store may still read it
     open_gemm_turns(cwg);
     for (QState qs; consumer_unit(smem, sched, qs); consumer_next(sched, qs)) {
-      const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
+      const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
+                          sched.split());
       const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
       float o[kORegs];
 #pragma unroll
@@ -79,7 +82,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
       consumer.run(o, softmax, st, held);
       float row_lse[2];
       softmax.finalize(o, row_lse);
-      store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held);
+      const SplitSlot split{split_counters, split_partials, (sched.tile() * kClusterCtas + rank) * kConsumerWgs + cwg,
+                            sched.split()};
+      store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held, split);
     }
     close_gemm_turns(cwg);
     drain_o_stores(warp, lane);

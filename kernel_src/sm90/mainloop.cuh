@@ -74,8 +74,9 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
       sched.next();
   };
   for (; sched.valid(); next_unit(), qs.advance()) {
-    const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv);
-    if (blk.n_block_max <= 0) {  // nothing to load: the consumers write O = 0 into the stage once it is free
+    const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
+                        sched.split());
+    if (blk.empty()) {  // nothing to load: the consumers write O = 0 into the stage once it is free
       smem.q_ring.producer_skip(qs, publish);
       continue;
     }
@@ -95,14 +96,15 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
       st.advance();
     };
     int n = blk.n_block_max - 1;
+    const int n_min = blk.n_block_min();
     if constexpr (kPersistent && kQStages == 1)
-      for (const int n_end = n - kKvStages; n > n_end && n >= 0; --n) load_kv(n);  // ahead of Q
+      for (const int n_end = n - kKvStages; n > n_end && n >= n_min; --n) load_kv(n);  // ahead of Q
     const uint32_t q_bar = smem.q_ring.producer_acquire(qs, kQTileBytes, publish);
     const uint32_t q_tile = ptx::smem_addr(smem.q[qs.index]);
     for (int p = 0; p < kPanels; ++p)
       ptx::tma_load_4d(q_tile + p * kBlockM * kRowBytes, tma_q, q_bar, p * kPanelCols, blk.m0(), blk.head, blk.batch,
                        evict_first);
-    for (; n >= 0; --n) load_kv(n);
+    for (; n >= n_min; --n) load_kv(n);
   }
   if constexpr (kDynamicScheduler) {
     sched.retire(tile_counter);
@@ -214,9 +216,9 @@ struct Consumer {
   __device__ __forceinline__ void run(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                       HeldQStage& held) const {
     if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);
-    if (blk.n_block_max <= 0) return;
+    if (blk.empty()) return;
     const int n_first = skip_masked_blocks(st) - 1;
-    if (n_first < 0) return;  // this warpgroup's rows see no key: O = 0, LSE = -inf
+    if (n_first < blk.n_block_min()) return;  // this warpgroup's rows see no key (of this split): O = 0, LSE = -inf
     if constexpr (kIntraWgOverlap)
       run_overlapped(o, softmax, st, n_first, held);
     else
@@ -224,12 +226,15 @@ struct Consumer {
   }
 
   // Causal: the CTA visits key blocks up to its last row's diagonal (a cluster: the upper CTA's),
-  // but this warpgroup's rows may see fewer. Their stages are consumed unread. Returns the key
-  // blocks left to compute. Ping-pong needs both warpgroups to take the same turns: no skip.
+  // but this warpgroup's rows may see fewer. Their stages are consumed unread. Returns one past the last
+  // key block left to compute (n_block_min() when none is). Ping-pong needs both warpgroups to take the
+  // same turns: no skip.
   __device__ __forceinline__ int skip_masked_blocks(KvState& st) const {
     int n = blk.n_block_max;
     if constexpr (kIsCausal && !kPingPong) {
-      for (const int visible = blk.n_block_visible(first_row, kWgRows); n > visible; --n) {
+      const int visible = blk.n_block_visible(first_row, kWgRows);
+      const int stop = kKvSplits > 1 && visible < blk.n_block_min() ? blk.n_block_min() : visible;
+      for (; n > stop; --n) {
         wait_k(st);
         release_k(st);
         wait_v(st);
@@ -294,7 +299,7 @@ struct Consumer {
   // kPvSplit keys of P go to the tensor cores while the rest are exponentiated.
   __device__ __forceinline__ void run_serial(float (&o)[kORegs], OnlineSoftmax<kSRegs>& softmax, KvState& st,
                                              int n_first, HeldQStage& held) const {
-    for (int n = n_first; n >= 0; --n) {
+    for (int n = n_first; n >= blk.n_block_min(); --n) {
       float s[kSRegs];
       qk_gemm(s, st, held);
 
@@ -327,7 +332,7 @@ struct Consumer {
       softmax.exponentiate(s);
       convert_p(s, p);
     }
-    for (--n; n >= 0; --n) {
+    for (--n; n >= blk.n_block_min(); --n) {
       const KvState prev = st;
       st.advance();
       float s[kSRegs];

@@ -22,6 +22,11 @@
 //   to the consumers in shared memory next to its Q stage (mainloop.cuh), -1 when there is none left.
 //   The counter is two words, [0] units taken, [1] CTAs done; the last CTA to finish zeroes both, so
 //   a zeroed counter serves every later launch on one stream (tuner/gpu/_launch.py keeps one per stream).
+//   FT_KV_SPLITS=S > 1 (split-KV): every query-block group (a "tile", numbered as the units above) is S
+//   units, one per contiguous range of its key blocks (BlockInfo), the split index fastest:
+//   unit = tile * S + split, so the S units of a tile run at the same time (its Q, and its head's K/V,
+//   come from L2).
+//   Each orders, persists and fetches exactly as above, over S times the units (the grid: space file).
 #pragma once
 
 #include "sm90/config.cuh"
@@ -49,13 +54,13 @@ struct TileScheduler {
   __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
                                                     int block_z, int grid_x)
       : m_groups((seqlen_q + kBlockM * kClusterCtas - 1) / (kBlockM * kClusterCtas)), heads(heads_q) {
-    units = m_groups * heads * batch;
+    units = m_groups * heads * batch * kKvSplits;
     cluster = block_x / kClusterCtas;
     if constexpr (kPersistent) {
       unit = cluster;
       stride = grid_x / kClusterCtas;
     } else {
-      unit = (block_z * heads + block_y) * m_groups + cluster;
+      unit = (block_z * heads + block_y) * m_groups * kKvSplits + cluster;
       stride = units;  // one unit
     }
   }
@@ -85,11 +90,16 @@ struct TileScheduler {
     }
   }
 
+  // The unit's query-block group ("tile": a unit when kv_splits = 1) and its key range among the tile's kKvSplits.
+  __host__ __device__ __forceinline__ int tile() const { return unit / kKvSplits; }
+  __host__ __device__ __forceinline__ int split() const { return unit % kKvSplits; }
+  __host__ __device__ __forceinline__ int tiles() const { return units / kKvSplits; }
+
   __host__ __device__ __forceinline__ int m_block(int rank) const {
-    return (m_groups - 1 - unit % m_groups) * kClusterCtas + rank;
+    return (m_groups - 1 - tile() % m_groups) * kClusterCtas + rank;
   }
-  __host__ __device__ __forceinline__ int head() const { return (unit / m_groups) % heads; }
-  __host__ __device__ __forceinline__ int batch() const { return unit / m_groups / heads; }
+  __host__ __device__ __forceinline__ int head() const { return (tile() / m_groups) % heads; }
+  __host__ __device__ __forceinline__ int batch() const { return tile() / m_groups / heads; }
 };
 
 }  // namespace ft_sm90

@@ -104,6 +104,26 @@ def test_a_dynamic_scheduler_config_says_the_kernel_needs_a_tile_counter(storage
     assert note in render_header(dynamic, storage_url=storage_url, now=NOW)
 
 
+def test_a_split_kv_config_says_what_workspace_the_kernel_needs(storage_url, tmp_path):
+    """sm90 with kv_splits > 1 takes split-KV's counters and partials: the header gives their sizes for the study's
+    shape and the rules for others; with kv_splits = 1 it says nothing of them."""
+    import dataclasses
+
+    chosen = choose(make_study(storage_url, "sm90-split", "sm90", PROBLEM, n_trials=4, seed=3))
+    plain = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 1})
+    split = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 2})
+    assert "split_counters" not in render_header(plain, storage_url=storage_url, now=NOW)
+    text = render_header(split, storage_url=storage_url, now=NOW)
+    abi = split.space.launch(split.config, split.problem, split.device).abi
+    assert f"pass split_counters, {abi['split_counter_bytes']} B zeroed" in text
+    assert f"split_partials, {abi['split_partial_bytes']} B" in text
+    assert "bytes = 4 * units * cta_mode * consumer_wgs if kv_splits > 1 else 0" in text
+    assert "bytes = 4 * units * cta_mode * kv_splits * block_m * (head_dim + 4) if kv_splits > 1 else 0" in text
+    path = tmp_path / "split.h"
+    path.write_text(text)
+    assert read_header(path, split.space) == split.config  # the rows are comments: the config reads back
+
+
 def test_best_trial_is_used_without_a_retimed_winner(finished, storage_url):
     _, study = finished
     chosen = choose(study)

@@ -47,7 +47,7 @@ class StandInGPU:
     FORMATS: ClassVar[dict[str, list[str]]] = {
         "flat": ["Q"] * 5 + ["i"] * 5 + ["q"] * 12 + ["f"],
         "sm90_tma": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"],
-        "sm90_tma_sched": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"] + ["Q"],
+        "sm90_tma_sched": ["128s"] * 4 + ["Q"] + ["i"] * 5 + ["f"] + ["Q"] * 3,
     }
 
     def __init__(self, abi: str = "flat", device=None) -> None:
@@ -55,9 +55,9 @@ class StandInGPU:
         self.device = device if device is not None else (B200 if abi == "flat" else H200)
         self.launches: list[dict] = []
         self.loaded: list[dict] = []
-        self.allocations: list[int] = []  # bytes of each zeroed device allocation (the tile counters')
+        self.allocations: list[int] = []  # bytes of each zeroed device allocation (tile counters, workspaces)
 
-    def zeroed_device_memory(self, nbytes: int, stream) -> int:
+    def zeroed_device_memory(self, nbytes: int, stream, why=None) -> int:
         self.allocations.append(nbytes)
         return 0xC0DE0000 + 0x100000 * len(self.allocations)
 
@@ -103,3 +103,4 @@ def install(monkeypatch, stand_in: StandInGPU) -> None:
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(launch, "_zeroed_device_memory", stand_in.zeroed_device_memory)
     monkeypatch.setattr(launch, "TILE_COUNTERS", launch.TileCounters())
+    monkeypatch.setattr(launch, "SPLIT_WORKSPACES", launch.SplitWorkspaces())

@@ -94,6 +94,7 @@ ABBREV = {
     "cta_mode": "cta",
     "persistent": "pers",
     "ctas_per_sm": "ctas",
+    "kv_splits": "splits",
 }
 
 
@@ -185,6 +186,9 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         v["ctas2_bn80"] = {**ctas2, "block_n": 80}
         v["fa3_d128"] = {"persistent": 1, "q_stages": 1, "block_n": 176}  # FA3's d128 tile, persistent: one Q stage
         v["fa3_d128_dynamic"] = {"persistent": 1, "q_stages": 1, "block_n": 176, "scheduler": 1}
+    # split-KV: the default with kv_splits (persistent and dynamic at d64 and d128, one CTA per block at d256)
+    for splits in (2, 3, 4, 6, 8):
+        v[f"split{splits}"] = {"kv_splits": splits, **({} if head_dim == 256 else {"persistent": 1, "scheduler": 1})}
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)

@@ -26,11 +26,14 @@ pytestmark = pytest.mark.gpu
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv); the last three have more query blocks than an H100/H200
 # has SMs, so that a persistent CTA (or cluster) loops over several work units; in the last one most
-# causal units see no key at all (seqlen_q - seqlen_k >= block_m), which once broke ping-pong's turns
+# causal units see no key at all (seqlen_q - seqlen_k >= block_m), which once broke ping-pong's turns.
+# Split-KV (kv_splits) runs on all of them; (1, 512, 512, 4, 1) is the few-units shape it is for (GQA 4:1,
+# 4 key blocks of 128: kv_splits 6 and 8 leave splits without a key)
 SHAPES = [
     (2, 1, 1, 2, 2),
     (1, 17, 17, 3, 3),
     (2, 257, 257, 4, 2),
+    (1, 512, 512, 4, 1),
     (1, 1000, 1000, 8, 2),
     (1, 100, 300, 2, 2),
     (1, 300, 100, 2, 1),

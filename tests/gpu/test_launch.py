@@ -33,6 +33,7 @@ K = (0x7F0000200000, 2 * 128 * 777, 2 * 128, 128)
 V = (0x7F0000400000, 2 * 128 * 777 + 64, 2 * 128 + 8, 136)
 O = (0x7F0000600000, 8 * 128 * 1000, 8 * 128, 128)
 LSE = 0x7F0000800000
+_ZEROED_DEVICE_MEMORY = launch._zeroed_device_memory  # before any test replaces it
 
 
 def params(buffer: launch.ArgBuffer, formats: list[str]) -> list:
@@ -282,3 +283,119 @@ def test_each_launch_passes_its_streams_counter(counters, monkeypatch, stand_in_
             launcher(stream, Q, K, V, O, LSE, 1.0)
     expected = [(s, tiles.get(0, s)) for s in (0x1111, 0x2222, 0x1111)] + [(s, 0) for s in (0x1111, 0x2222, 0x1111)]
     assert seen == expected and expected[0][1] != expected[1][1]
+
+
+# -- sm90_tma_sched: split-KV's workspaces ------------------------------------------------------------
+@pytest.fixture
+def workspaces(monkeypatch):
+    """A fresh SplitWorkspaces whose device memory is a fake range (each allocation: (bytes, stream, why))."""
+    allocations = []
+
+    def allocate(nbytes, stream, why=None):
+        allocations.append((nbytes, stream, why))
+        return 0x10000000 * len(allocations)
+
+    monkeypatch.setattr(launch, "_zeroed_device_memory", allocate)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    fresh = launch.SplitWorkspaces()
+    monkeypatch.setattr(launch, "SPLIT_WORKSPACES", fresh)
+    return fresh, allocations
+
+
+def test_every_stream_of_a_device_gets_its_own_workspace(workspaces):
+    ws, allocations = workspaces
+    a, b = ws.get(0, 0x1111, 64, 4096), ws.get(0, 0x2222, 64, 4096)
+    assert a != b and ws.get(0, 0x1111, 64, 4096) == a and ws.get(0, 0x2222, 32, 1024) == b  # smaller: the same
+    assert ws.get(1, 0x1111, 64, 4096) not in (a, b)  # the same handle on another device
+    assert len(allocations) == 3
+    counters, partials = a
+    assert partials - counters == launch._SPLIT_ALIGN  # 64 B of counters rounded up; the partials follow
+    assert allocations[0][0] == launch._SPLIT_ALIGN + 4096
+
+
+def test_a_larger_problem_gets_a_new_workspace_and_the_old_one_is_kept(workspaces):
+    """A stream's workspace grows (at least doubling) when a larger problem comes; the outgrown one is never given
+    to another stream (a kernel queued on the first may still use it). More counters than the workspace holds take
+    a new one even where the bytes would fit: its counters are never some other problem's partials."""
+    ws, allocations = workspaces
+    small = ws.get(0, 0x1111, 256, 1 << 20)
+    large = ws.get(0, 0x1111, 256, 3 << 20)
+    assert large != small and allocations[-1][0] == 256 + (3 << 20)
+    assert ws.get(0, 0x1111, 256, 5 << 20) != large and allocations[-1][0] == 256 + (6 << 20)  # doubled
+    more_counters = ws.get(0, 0x1111, 1024, 1024)
+    assert allocations[-1][0] == 1024 + (6 << 20)
+    other = ws.get(0, 0x2222, 256, 1 << 20)
+    assert other not in (small, large, more_counters) and len(allocations) == 5
+    assert "smaller than the kernel needs" in allocations[1][2]
+
+
+def test_a_reserved_workspace_serves_a_streams_first_launch_in_a_capture(workspaces, monkeypatch):
+    """Loading a kernel reserves a spare workspace outside any capture; a stream that first launches inside a capture
+    takes it without allocating; a second such stream finds none and is refused with what to do."""
+    ws, allocations = workspaces
+    ws.reserve(0, 256, 8192)
+    ws.reserve(0, 128, 4096)  # the spare fits: nothing more
+    assert [(n, s) for n, s, _ in allocations] == [(256 + 8192, None)]
+    monkeypatch.setattr(
+        launch.cupy.cuda, "ExternalStream", lambda handle: types.SimpleNamespace(is_capturing=lambda: True)
+    )
+    assert ws.get(0, 0x1111, 256, 8192) == (0x10000000, 0x10000000 + 256)
+    monkeypatch.setattr(launch, "_zeroed_device_memory", _ZEROED_DEVICE_MEMORY)  # the real one: refuses in a capture
+    with pytest.raises(launch.LaunchError, match=r"workspace \(none\) is smaller .* before capturing"):
+        ws.get(0, 0x2222, 256, 8192)
+
+
+def test_each_launch_passes_its_streams_workspace(workspaces, monkeypatch, stand_in_driver):
+    """kv_splits > 1 ([launch.abi] split_counter_bytes > 0): the last two arguments are the stream's counters and
+    partials, at every launch, by a Launcher and by Kernel.launch; kv_splits = 1: both null and nothing allocated."""
+    ws, allocations = workspaces
+    seen = []
+
+    def record(function_ptr, grid, threads, smem_bytes, stream, params_address):
+        pointers = (ctypes.c_void_p * 14).from_address(params_address)
+        seen.append((stream, *(struct.unpack("=Q", ctypes.string_at(pointers[i], 8))[0] for i in (12, 13))))
+
+    monkeypatch.setattr(launch, "launch_kernel", record)
+    boxes = {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64, "tile_counter": 0}
+    for counter_bytes, partial_bytes in ((96, 8192), (0, 0)):
+        kernel = launch.Kernel(
+            types.SimpleNamespace(ptr=0xF00D),
+            abi="sm90_tma_sched",
+            grid=(132, 1, 1),
+            threads=384,
+            smem_bytes=1024,
+            config={},
+            abi_params={**boxes, "split_counter_bytes": counter_bytes, "split_partial_bytes": partial_bytes},
+        )
+        launcher = kernel.launcher(SHAPE)
+        for stream in (0x1111, 0x2222, 0x1111):
+            launcher(stream, Q, K, V, O, LSE, 1.0)
+        args = launch.TmaSchedArgs(SHAPE, kernel.abi_params)  # what Kernel.args builds from arrays
+        args.pack(Q, K, V, O, LSE, 1.0)
+        kernel.launch(args, 0x2222)
+    assert len(allocations) == 2  # the spare the first kernel reserved (taken by 0x1111), then 0x2222's
+    streams = (0x1111, 0x2222, 0x1111, 0x2222)
+    expected = [(s, *ws.get(0, s, 96, 8192)) for s in streams] + [(s, 0, 0) for s in streams]
+    assert seen == expected and expected[0][1:] != expected[1][1:]
+
+
+def test_kernels_of_the_other_abis_launch_without_a_workspace(workspaces, monkeypatch, stand_in_driver):
+    """flat and sm90_tma have neither a tile counter nor a workspace: their launches allocate nothing."""
+    _, allocations = workspaces
+    launched = []
+    monkeypatch.setattr(launch, "launch_kernel", lambda *a: launched.append(a[4]))
+    for abi, params in (("flat", {}), ("sm90_tma", {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64})):
+        kernel = launch.Kernel(
+            types.SimpleNamespace(ptr=0xF00D),
+            abi=abi,
+            grid=(1, 1, 1),
+            threads=128,
+            smem_bytes=0,
+            config={},
+            abi_params=params,
+        )
+        kernel.launcher(SHAPE)(0x1111, Q, K, V, O, LSE, 1.0)
+        args = launch.ABIS[abi](SHAPE, params)
+        args.pack(Q, K, V, O, LSE, 1.0)
+        kernel.launch(args, 0x1111)
+    assert launched == [0x1111] * 4 and allocations == []

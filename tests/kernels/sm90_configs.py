@@ -80,6 +80,13 @@ SM90_REPRESENTATIVE = {
         "kv_barriers": 1,
         "pingpong": 1,
     },
+    # split-KV (the partials' stores and the merge in the epilogue): with the dynamic scheduler (the default), one
+    # CTA per block, a persistent cluster with the serial loop, ping-pong with one Q stage, two CTAs per SM
+    "split2": {"kv_splits": 2},
+    "split3_one_per_block": {"kv_splits": 3, "persistent": 0},
+    "split4_cluster_persistent_serial": {**CLUSTER, "kv_splits": 4, "persistent": 1, "intra_wg_overlap": 0},
+    "split6_pingpong_one_q_stage": {"kv_splits": 6, "pingpong": 1, "persistent": 1, "q_stages": 1},
+    "split8_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "kv_splits": 8, "block_n": 64},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -91,6 +98,14 @@ SM90_D64_REPRESENTATIVE = {
         "intra_wg_overlap": 0,
         "persistent": 1,
         "scheduler": 1,
+    },
+    "d64_three_wgs_serial_bn160_dynamic_split3": {  # the serial loop's 28 spare registers, and the merge
+        **THREE_WGS,
+        "block_n": 160,
+        "intra_wg_overlap": 0,
+        "persistent": 1,
+        "scheduler": 1,
+        "kv_splits": 3,
     },
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},
@@ -104,6 +119,8 @@ SM90_D256_REPRESENTATIVE = {
     "d256_one_wg_persistent": {**ONE_WG, "block_n": 64, "persistent": 1},
     "d256_shared_kv_barriers_cluster": {**CLUSTER, "kv_barriers": 1},
     "d256_persistent_one_q_stage": {"persistent": 1, "q_stages": 1},  # two Q stages do not fit at d256
+    "d256_split4": {"kv_splits": 4},
+    "d256_persistent_one_q_stage_split2": {"persistent": 1, "q_stages": 1, "kv_splits": 2},
     "d256_one_wg_dynamic": {**ONE_WG, "block_n": 64, "persistent": 1, "scheduler": 1},
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),

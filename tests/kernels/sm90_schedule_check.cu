@@ -2,6 +2,10 @@
 // and block_info.cuh compiled for the CPU with the config's FT_* macros, run over every CTA of
 // the grid that the space file computes (passed in by tests/test_kernel_schedule.py).
 //
+// FT_KV_SPLITS > 1: every query block is visited once per split, and the splits' key ranges cover each key
+// block of the block's range exactly once (every key a row sees lies in one split's range, before the
+// visible end of the row's warpgroup).
+//
 // FT_SCHEDULER=1 (dynamic): the CTAs' fetches from the tile counter are simulated in the order the
 // kernel makes them when every unit takes as long as its key blocks: the CTA that finishes first
 // fetches next (ties: the lower CTA). The counter must be back to zero after the last CTA retires.
@@ -32,8 +36,8 @@ static bool sees(int row, int key, const BlockInfo& blk) {
 
 // The key blocks of a unit: what it costs a cluster (its CTAs visit the same ones).
 static long unit_cost(const TileScheduler& s, int sq, int sk, int hq, int hkv) {
-  const BlockInfo blk(s.m_block(0), s.head(), s.batch(), sq, sk, hq, hkv);
-  return blk.n_block_max;
+  const BlockInfo blk(s.m_block(0), s.head(), s.batch(), sq, sk, hq, hkv, s.split());
+  return blk.n_block_max - blk.n_block_min();
 }
 
 // The schedulers of each cluster, one per unit it takes, in order.
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
   const int m_blocks = (sq + kBlockM - 1) / kBlockM;
   const int m_padded = (m_blocks + kClusterCtas - 1) / kClusterCtas * kClusterCtas;  // a cluster's odd last block
   std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
+  const int n_blocks = (sk + kBlockN - 1) / kBlockN;
+  std::vector<int> covered(visits.size() * n_blocks, 0);  // per query block: how many splits visit each key block
   unsigned counter[2] = {0, 0};
   const auto clusters = cluster_units(gx, gy, gz, batch, sq, sk, hq, hkv, counter);
   if (counter[0] != 0 || counter[1] != 0)
@@ -96,18 +102,24 @@ int main(int argc, char** argv) {
   for (const auto& taken : clusters) {
     long load = 0;
     for (const TileScheduler& s0 : taken) {  // the CTAs of one cluster walk their units in lockstep
-      int n_max = -1;
+      int n_max = -1, n_min = -1;
       for (int rank = 0; rank < kClusterCtas; ++rank) {
         const TileScheduler& s = s0;
         const int m = s.m_block(rank), h = s.head(), b = s.batch();
         if (m < 0 || m >= m_padded || h < 0 || h >= hq || b < 0 || b >= batch)
           return fail("unit out of range", m, h, b, rank);
-        ++visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
+        const size_t block = (static_cast<size_t>(b) * hq + h) * m_padded + m;
+        ++visits[block];
         ++units;
-        const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
+        const BlockInfo blk(m, h, b, sq, sk, hq, hkv, s.split());
         if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
-        if (n_max >= 0 && blk.n_block_max != n_max) return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
+        if (n_max >= 0 && (blk.n_block_max != n_max || blk.n_block_min() != n_min))
+          return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
         n_max = blk.n_block_max;
+        n_min = blk.n_block_min();
+        if (n_min < 0 || n_min > n_max) return fail("split range out of order", m, s.split(), n_min, n_max);
+        if (n_max > n_blocks) return fail("split range past the key blocks", m, s.split(), n_max, n_blocks);
+        for (int n = n_min; n < n_max; ++n) ++covered[block * n_blocks + n];
         if (blk.n_block_max * kBlockN >= sk + kBlockN) return fail("key block past seqlen_k", m, blk.n_block_max, sk, 0);
         if (units_only) continue;
         for (int wg = 0; wg < kConsumerWgs; ++wg) {
@@ -118,9 +130,10 @@ int main(int argc, char** argv) {
             for (int key = 0; key < sk; ++key) {
               if (!sees(row, key, blk)) continue;
               const int n = key / kBlockN;
-              if (n >= visible) return fail("a visible key's block is skipped", row, key, n, visible);
+              if (n >= blk.n_block_min() && n < blk.n_block_max && n >= visible)
+                return fail("a visible key's block is skipped", row, key, n, visible);
             }
-          for (int n = 0; n < blk.n_block_max; ++n) {
+          for (int n = blk.n_block_min(); n < blk.n_block_max; ++n) {
             if (blk.needs_mask(n, first)) continue;
             for (int row = first; row < first + kWgRows; ++row)  // rows past seqlen_q too: they must stay finite
               for (int key = n * kBlockN; key < (n + 1) * kBlockN; ++key)
@@ -128,7 +141,7 @@ int main(int argc, char** argv) {
           }
         }
       }
-      load += n_max;
+      load += n_max - n_min;
     }
     max_load = load > max_load ? load : max_load;
     total_load += load;
@@ -136,8 +149,17 @@ int main(int argc, char** argv) {
   for (int b = 0; b < batch; ++b)
     for (int h = 0; h < hq; ++h)
       for (int m = 0; m < m_padded; ++m) {
-        const int v = visits[(static_cast<size_t>(b) * hq + h) * m_padded + m];
-        if (v != 1) return fail("query block not visited exactly once", b, h, m, v);
+        const size_t block = (static_cast<size_t>(b) * hq + h) * m_padded + m;
+        const int v = visits[block];
+        if (v != kKvSplits) return fail("query block not visited exactly once per split", b, h, m, v);
+        for (int n = 0; n < n_blocks; ++n)
+          if (covered[block * n_blocks + n] > 1) return fail("a key block is in two splits", b, h, m, n);
+        if (units_only) continue;
+        const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
+        for (int row = m * kBlockM; row < (m + 1) * kBlockM && row < sq; ++row)
+          for (int key = 0; key < sk; ++key)
+            if (sees(row, key, blk) && covered[block * n_blocks + key / kBlockN] != 1)
+              return fail("a key a row sees is in no split", row, key, key / kBlockN, h);
       }
   std::printf("ok %ld %ld %ld\n", units, max_load, total_load);
   return 0;

@@ -81,7 +81,8 @@ def test_the_host_layout_derives_from_the_description():
     assert scalar_format("flat") == "PPPPP" + "i" * 5 + "q" * 12 + "f"
     assert (tensor_map_count("flat"), tensor_map_count("sm90_tma"), tensor_map_count("sm90_tma_sched")) == (0, 4, 4)
     assert scalar_format("sm90_tma") == "P" + "i" * 5 + "f"
-    assert scalar_format("sm90_tma_sched") == scalar_format("sm90_tma") + "P"  # the tile counter last
+    # the tile counter, then split-KV's counters and partials
+    assert scalar_format("sm90_tma_sched") == scalar_format("sm90_tma") + "PPP"
 
 
 def test_the_flat_packer_puts_each_value_at_the_parameter_of_its_name():
@@ -101,10 +102,12 @@ def test_the_flat_packer_puts_each_value_at_the_parameter_of_its_name():
         assert value == expected[param.name], param
 
 
+@pytest.mark.parametrize("split", [0, 1], ids=["no_split", "split"])
 @pytest.mark.parametrize("tile_counter", [1, 0])
-def test_the_sched_packer_puts_each_value_at_the_parameter_of_its_name(monkeypatch, tile_counter):
-    """ABI sm90_tma_sched: the scalars of sm90_tma, then the tile counter the launch sets for its stream (null, and
-    not used, when the space's [launch.abi] tile_counter is 0)."""
+def test_the_sched_packer_puts_each_value_at_the_parameter_of_its_name(monkeypatch, tile_counter, split):
+    """ABI sm90_tma_sched: the scalars of sm90_tma, then the tile counter and split-KV's workspace, which the launch
+    sets for its stream (null, and not used, when the space's [launch.abi] tile_counter, split_counter_bytes is
+    0)."""
     pytest.importorskip("cupy")  # the launch module imports it; no GPU is used
     from tests.fakes.standin_launch import fake_tensor_map_encoder
     from tuner.gpu import _tma as tma
@@ -113,8 +116,10 @@ def test_the_sched_packer_puts_each_value_at_the_parameter_of_its_name(monkeypat
     monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
     problem = Problem(batch=3, seqlen_q=5, seqlen_k=7, heads_q=8, heads_kv=2, head_dim=64)
     params = {"q_box_rows": 128, "kv_box_rows": 64, "o_box_rows": 64, "tile_counter": tile_counter}
+    params |= {"split_counter_bytes": 96 * split, "split_partial_bytes": 4096 * split}
     args = TmaSchedArgs(problem, params)
     assert args.uses_tile_counter == bool(tile_counter)
+    assert args.split_workspace == ((96, 4096) if split else None)
     operands = {t: (0x1000 * (i + 1), 64 * (i + 1), 64, 128) for i, t in enumerate("qkvo")}
 
     def values() -> dict:
@@ -125,7 +130,7 @@ def test_the_sched_packer_puts_each_value_at_the_parameter_of_its_name(monkeypat
                 (out[param.name],) = struct.unpack("@" + param.code, args.buffer.param_bytes(index, size))
         return out
 
-    expected = {"lse": 0xABC0, "softmax_scale": 0.125, "tile_counter": 0}
+    expected = {"lse": 0xABC0, "softmax_scale": 0.125, "tile_counter": 0, "split_counters": 0, "split_partials": 0}
     expected |= {n: getattr(problem, n) for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")}
     args.pack(*(operands[t] for t in "qkvo"), 0xABC0, 0.125)
     assert values() == expected
@@ -134,3 +139,10 @@ def test_the_sched_packer_puts_each_value_at_the_parameter_of_its_name(monkeypat
         assert values() == expected | {"tile_counter": 0xC0DE0008}
         args.pack(*(operands[t] for t in "qkvo"), 0xABC0, 0.125)  # repacking keeps it
         assert values() == expected | {"tile_counter": 0xC0DE0008}
+        expected |= {"tile_counter": 0xC0DE0008}
+    if split:
+        args.set_split_workspace(0xA0000100, 0xA0000200)  # a launch on another stream: only the workspace changes
+        split_values = {"split_counters": 0xA0000100, "split_partials": 0xA0000200}
+        assert values() == expected | split_values
+        args.pack(*(operands[t] for t in "qkvo"), 0xABC0, 0.125)  # repacking keeps it
+        assert values() == expected | split_values

@@ -54,6 +54,22 @@ def test_sm90_head_dim_256_configs_build_without_spills(name, dtype, causal):
     _builds_without_spills(SM90_D256_REPRESENTATIVE[name], _problem(256, dtype, causal), 256)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_every_kv_splits_value_builds_without_spills(head_dim):
+    """Each kv_splits value with the head dim's defaults (the d64 default, three consumer warpgroups at 160
+    registers, has no register to spare: the merge once spilled there), causal (the split's first block bound in
+    the causal skip) and not."""
+    space = load_space("sm90")
+    device = limits_for_arch(90)
+    for splits in space.knob("kv_splits").values:
+        config = {**space.defaults(head_dim), "kv_splits": splits}
+        for causal, dtype in ((False, "fp16"), (True, "bf16")):
+            problem = _problem(head_dim, dtype, causal)
+            assert space.check(config, problem, device) is None
+            kernel = compile_config(space, config, problem, device)
+            assert not kernel.resources.spills, (splits, problem.slug(), kernel.resources)
+
+
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
 def test_sampled_feasible_configs_build_without_spills(family):
     space = load_space(family)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernels.sm90_configs import ONE_WG
+from tests.kernels.sm90_configs import CLUSTER, ONE_WG
 from tests.kernels.sm90_configs import SM90_D64_REPRESENTATIVE as D64
 from tests.kernels.sm90_configs import SM90_D256_REPRESENTATIVE as D256
 from tests.kernels.sm90_configs import SM90_REPRESENTATIVE as ANY
@@ -51,6 +51,14 @@ CONFIGS = {
     "d256_one_wg_bn96": (256, {**ONE_WG, "block_n": 96}),
     "d256_one_wg_bn64_persistent": (256, D256["d256_one_wg_persistent"]),
     "dynamic_d256_one_wg_bn64": (256, D256["d256_one_wg_dynamic"]),
+    # split-KV: kv_splits units per query block, each a contiguous range of its key blocks (with the dynamic and
+    # the static order, one CTA per block, a cluster, and more splits than some blocks have key blocks)
+    "split3_dynamic": (128, {"kv_splits": 3}),
+    "split2_static_snake": (128, {"kv_splits": 2, "persistent": 1, "scheduler": 0}),
+    "split4_one_per_block": (128, {"kv_splits": 4, "persistent": 0}),
+    "split2_cluster": (128, {"kv_splits": 2, **CLUSTER}),
+    "split8_d64": (64, {"kv_splits": 8}),
+    "split6_d256": (256, {"kv_splits": 6}),
 }
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
@@ -165,3 +173,14 @@ def test_a_broken_schedule_is_caught(binaries):
         timeout=60,
     )
     assert run.returncode == 1 and "not visited exactly once" in run.stdout
+
+
+def test_a_split_left_out_is_caught(binaries):
+    """With split-KV every query block takes kv_splits units: a grid one CTA short leaves a split out."""
+    space, device, built = binaries
+    exe, config = built["split4_one_per_block", True]
+    problem = Problem(batch=1, seqlen_q=1000, heads_q=2, heads_kv=1, head_dim=128, causal=True)
+    gx, gy, gz = space.launch(config, problem, device).grid
+    assert gx == 4 * 8  # 8 query blocks of 128 rows, 4 splits each
+    run = _run(exe, (gx - 1, gy, gz), 1, 1000, 1000, 2, 1)
+    assert run.returncode == 1 and "not visited exactly once per split" in run.stdout

@@ -192,12 +192,12 @@ def test_sm90_tensor_maps_describe_the_tensors_of_the_call(monkeypatch):
         assert words[0] == tma.CU_TENSOR_MAP_DATA_TYPE["bf16"] and words[1] == t.data_ptr()
         assert words[2:6] == (d, n, h, b)
         assert words[6:9] == (2 * t.stride(1), 2 * t.stride(2), 2 * t.stride(0))  # row, head, batch (bytes)
-    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5, 0]
+    assert gpu.last["args"][4:] == [lse.data_ptr(), 2, 300, 200, 8, 2, 0.5, 0, 0, 0]  # null counter and workspace
     assert gpu.allocations == []
 
 
 def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
-    """scheduler=1: the kernel's last argument is its stream's tile counter, the same one at every call on that
+    """scheduler=1: the kernel's tile counter argument (before split-KV's two) is its stream's tile counter, the same one at every call on that
     stream, another on another stream; one zeroed allocation holds the counters of many streams."""
     from tests.fakes.standin_launch import fake_tensor_map_encoder
     from tuner.gpu import _launch as launch
@@ -214,7 +214,7 @@ def test_sm90_dynamic_scheduler_gets_one_counter_per_stream(monkeypatch):
     def counter_of_call() -> int:
         tuner.attention(q, k, v, causal=True, family="sm90", config=dynamic)
         assert gpu.last["stream"] == stream[0]
-        return gpu.last["args"][-1]
+        return gpu.last["args"][-3]
 
     first = counter_of_call()
     assert first != 0 and counter_of_call() == first
@@ -249,13 +249,44 @@ def test_sm90_a_partial_config_takes_the_defaults_nearest_that_run_and_logs_them
         tuner.attention(q, k, v, family="sm90", config={"persistent": 0})  # the same plan: no second line
     finally:
         log.removeHandler(handler)
-    assert gpu.last["args"][-1] == 0 and len(gpu.launches) == 2
+    assert gpu.last["args"][-3] == 0 and len(gpu.launches) == 2  # the tile counter (then the split workspace)
     (plan,) = ta._cache.plans.values()
     assert plan.config["persistent"] == 0 and plan.config["scheduler"] == 0
     (line,) = [r.getMessage() for r in records]
     assert line.startswith("sm90: the default scheduler=1 cannot run") and "took scheduler=0" in line, line
     with pytest.raises(ta.AttentionError, match=r"persistent=0, q_stages=1 cannot run .*q_stages_persistent"):
         tuner.attention(q, k, v, family="sm90", config={"persistent": 0, "q_stages": 1})
+
+
+def test_sm90_split_kv_gets_a_workspace_per_stream_grown_for_a_larger_problem(monkeypatch):
+    """kv_splits > 1: the kernel's last two arguments are its stream's split-KV counters and partials (the counters
+    first, the partials past them in one allocation), the same at every call on that stream, others on another
+    stream; a larger problem on the stream gets a larger workspace, a smaller one keeps it; kv_splits = 1 passes
+    null pointers."""
+    from tests.fakes.standin_launch import fake_tensor_map_encoder
+    from tuner.gpu import _tma as tma
+
+    gpu = StandInGPU(abi="sm90_tma_sched")
+    install(monkeypatch, gpu)
+    monkeypatch.setattr(tma, "encoder", lambda: fake_tensor_map_encoder)
+    stream = [0x5EA]
+    monkeypatch.setattr(ta, "_torch_stream", lambda torch, device: stream[0])
+    split = {"kv_splits": 4}
+
+    def workspace_of_call(seqlen: int, config=split) -> tuple[int, int]:
+        q, k, v = qkv(batch=1, seqlen_q=seqlen, heads_q=4, heads_kv=2, dtype=torch.float16)
+        tuner.attention(q, k, v, causal=True, family="sm90", config=config)
+        assert gpu.last["stream"] == stream[0]
+        return tuple(gpu.last["args"][-2:])
+
+    first = workspace_of_call(512)
+    assert 0 not in first and first[0] < first[1] and workspace_of_call(512) == first
+    stream[0] = 0x5EB
+    assert workspace_of_call(512) not in (first, (0, 0))
+    stream[0] = 0x5EA
+    larger = workspace_of_call(2048)  # four times the query blocks: more counters and partials
+    assert larger != first and workspace_of_call(1024) == larger
+    assert workspace_of_call(512, {"kv_splits": 1}) == (0, 0)
 
 
 # -- files that change while the process runs ---------------------------------------------------------

@@ -72,6 +72,7 @@ def _describe_rows(chosen: ChosenConfig, storage_url: str, now: datetime) -> lis
         ("speedup", speedup),
         ("launch", _launch_text(chosen)),
         *_tile_counter_rows(chosen),
+        *_split_workspace_rows(chosen),
         ("study", chosen.study_name),
         ("storage", mask_url(storage_url)),
         (
@@ -110,6 +111,32 @@ def _tile_counter_rows(chosen: ChosenConfig) -> list[tuple[str, str]]:
             f"ABI {chosen.space.family.abi}: pass tile_counter, 8 zeroed bytes per stream, kept for every "
             "launch on it (the kernel leaves them zero; kernel_src/README.md)",
         )
+    ]
+
+
+def _split_workspace_rows(chosen: ChosenConfig) -> list[tuple[str, str]]:
+    """Rows for a split-KV kernel (the space's [launch.abi] split_counter_bytes is not 0): the two buffers to pass,
+    their sizes for the study's shape and the rules that size them for others."""
+    space = chosen.space
+    geometry = space.launch(chosen.config, chosen.problem, chosen.device)
+    if not geometry.abi.get("split_counter_bytes"):
+        return []
+    launch_rules = {name: expr.text for name, expr in space.launch_abi}
+    derived = {d.name: d.expr.text for d in space.derived}
+
+    def rule(name: str) -> str:  # a [launch.abi] entry that names a derived value: that value's expression
+        text = launch_rules[name]
+        return derived.get(text, text)
+
+    return [
+        (
+            "split-KV",
+            f"ABI {space.family.abi}: pass split_counters, {geometry.abi['split_counter_bytes']} B zeroed once per "
+            "stream (the kernel leaves them zero), and split_partials, "
+            f"{geometry.abi['split_partial_bytes']} B, both for this shape; kernel_src/README.md",
+        ),
+        ("split counters", f"bytes = {rule('split_counter_bytes')}"),
+        ("split partials", f"bytes = {rule('split_partial_bytes')}"),
     ]
 
 

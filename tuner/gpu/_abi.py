@@ -49,8 +49,14 @@ ABI_PARAMS: dict[str, tuple[AbiParam, ...]] = {
     ),
     "sm90_tma": _SM90_TMA,
     # sm90_tma and the dynamic tile scheduler's counter: two zeroed uint32 words per stream (null when the
-    # config's [launch.abi] tile_counter is 0)
-    "sm90_tma_sched": (*_SM90_TMA, AbiParam("tile_counter", "unsigned int*", "P")),
+    # config's [launch.abi] tile_counter is 0); then split-KV's zeroed counters and fp32 partials (null when
+    # [launch.abi] split_counter_bytes is 0)
+    "sm90_tma_sched": (
+        *_SM90_TMA,
+        AbiParam("tile_counter", "unsigned int*", "P"),
+        AbiParam("split_counters", "unsigned int*", "P"),
+        AbiParam("split_partials", "float*", "P"),
+    ),
 }
 
 

@@ -6,7 +6,8 @@ the values that change (device pointers, strides, the scale, and for ``sm90_tma`
 maps) and calls the driver on a stream. The driver copies the arguments when the launch is
 made (or captured into a CUDA graph), so a buffer can be refilled for the next launch. ABI
 ``sm90_tma_sched`` adds the dynamic tile scheduler's counter, one per (device, stream)
-(:class:`TileCounters`), filled in at each launch for the stream it runs on.
+(:class:`TileCounters`), and split-KV's workspace, one per (device, stream) grown to the largest problem
+(:class:`SplitWorkspaces`), both filled in at each launch for the stream it runs on.
 
 Operands are ``(pointer, batch_stride, row_stride, head_stride)`` of a
 ``[batch, seqlen, heads, head_dim]`` tensor, strides in elements, the last dimension contiguous.
@@ -29,12 +30,14 @@ from ._tma import TMA_DESC_ALIGN, TMA_DESC_BYTES, TensorMapSlot, box_rows
 
 __all__ = [
     "ABIS",
+    "SPLIT_WORKSPACES",
     "TILE_COUNTERS",
     "ArgBuffer",
     "Kernel",
     "LaunchError",
     "Launcher",
     "Operand",
+    "SplitWorkspaces",
     "TileCounters",
     "load_kernel",
     "uses_tile_counter",
@@ -111,6 +114,7 @@ class FlatArgs:
 
     abi = "flat"
     uses_tile_counter = False  # whether the kernel reads a tile counter (TmaSchedArgs)
+    split_workspace: tuple[int, int] | None = None  # (counter, partial) bytes of a split-KV kernel (TmaSchedArgs)
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
@@ -146,6 +150,7 @@ class TmaArgs:
 
     abi = "sm90_tma"
     uses_tile_counter = False
+    split_workspace: tuple[int, int] | None = None
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         self.buffer = ArgBuffer(lead_params=tensor_map_count(self.abi), scalars=scalar_format(self.abi))
@@ -182,30 +187,49 @@ _REMEMBERED_MAPS = 64  # blocks of four tensor maps kept per kernel and shape (a
 
 
 class TmaSchedArgs(TmaArgs):
-    """ABI ``sm90_tma_sched`` (family sm90): ``sm90_tma``'s arguments and the tile counter last. The counter
-    depends on the stream: the launch sets it (:meth:`set_tile_counter`); it is null, and never set, when the
-    space's ``[launch.abi] tile_counter`` is 0 (a kernel that does not read it)."""
+    """ABI ``sm90_tma_sched`` (family sm90): ``sm90_tma``'s arguments, then the tile counter and split-KV's
+    counters and partials. They depend on the stream: the launch sets them (:meth:`set_tile_counter`,
+    :meth:`set_split_workspace`); each is null, and never set, when the space's ``[launch.abi]`` says the
+    kernel does not read it (``tile_counter`` 0, ``split_counter_bytes`` 0)."""
 
     abi = "sm90_tma_sched"
 
     def __init__(self, problem: Problem, params: Mapping[str, int]) -> None:
         super().__init__(problem, params)
         self.uses_tile_counter = uses_tile_counter(self.abi, params)
+        self.split_workspace = split_workspace_bytes(self.abi, params)
         self._counter = 0
-        self._counter_slot = ctypes.c_uint64.from_address(self.buffer.param_address(len(ABI_PARAMS[self.abi]) - 1))
+        self._split = (0, 0)
+        last = len(ABI_PARAMS[self.abi]) - 1  # tile_counter, split_counters, split_partials
+        self._counter_slot = ctypes.c_uint64.from_address(self.buffer.param_address(last - 2))
+        self._split_slots = tuple(ctypes.c_uint64.from_address(self.buffer.param_address(last - i)) for i in (1, 0))
 
     def _extra(self) -> tuple:
-        return (self._counter,)
+        return (self._counter, *self._split)
 
     def set_tile_counter(self, ptr: int) -> None:
         self._counter = ptr
         self._counter_slot.value = ptr
+
+    def set_split_workspace(self, counters: int, partials: int) -> None:
+        self._split = (counters, partials)
+        self._split_slots[0].value = counters
+        self._split_slots[1].value = partials
 
 
 def uses_tile_counter(abi: str, params: Mapping[str, int]) -> bool:
     """Whether a kernel of ``abi`` reads a tile counter: its ABI has one, and the space's ``[launch.abi]
     tile_counter`` (1 when absent) is not 0."""
     return any(p.name == "tile_counter" for p in ABI_PARAMS[abi]) and bool(int(params.get("tile_counter", 1)))
+
+
+def split_workspace_bytes(abi: str, params: Mapping[str, int]) -> tuple[int, int] | None:
+    """(counter bytes, partial bytes) of a split-KV kernel of ``abi``: its ABI has the workspace, and the space's
+    ``[launch.abi] split_counter_bytes`` (0 when absent) is not 0; None for any other kernel."""
+    counters = int(params.get("split_counter_bytes", 0))
+    if not counters or not any(p.name == "split_counters" for p in ABI_PARAMS[abi]):
+        return None
+    return counters, int(params.get("split_partial_bytes", 0))
 
 
 _TILE_COUNTER_BYTES = 8  # two uint32 words: units taken, CTAs done (kernel_src/README.md, ABI sm90_tma_sched)
@@ -217,16 +241,16 @@ def _current_device() -> int:
     return cupy.cuda.runtime.getDevice()
 
 
-def _zeroed_device_memory(nbytes: int, stream: int | None) -> int:
+def _zeroed_device_memory(nbytes: int, stream: int | None, why: str | None = None) -> int:
     """``nbytes`` of zeroed memory on the current device, kept for the process; the zeros are in place on
     return. Refused while ``stream`` is capturing a CUDA graph (allocation and a synchronous memset are not
-    allowed there)."""
+    allowed there); ``why`` says what needed the memory."""
     runtime = cupy.cuda.runtime
     if stream is not None and cupy.cuda.ExternalStream(stream).is_capturing():
+        why = why or f"all {_TILE_COUNTERS_PER_SLAB} tile counters of this device are taken (one per stream)"
         raise LaunchError(
-            f"all {_TILE_COUNTERS_PER_SLAB} tile counters of this device are taken (one per stream) and a new "
-            "one cannot be allocated while the stream captures a CUDA graph; launch the kernel once on this "
-            "stream before capturing"
+            f"{why} and new memory cannot be allocated while the stream captures a CUDA graph; launch the kernel "
+            "once on this stream before capturing"
         )
     ptr = runtime.malloc(nbytes)
     runtime.memset(ptr, 0, nbytes)
@@ -276,6 +300,92 @@ class TileCounters:
 TILE_COUNTERS = TileCounters()
 
 
+_SPLIT_ALIGN = 256  # the partials start this far into a workspace's allocation, past the counters
+
+
+class _Workspace:
+    """One split-KV workspace: ``counter_bytes`` of counters (zeroed once; every kernel leaves them zero), then
+    ``partial_bytes`` of partials (written before they are read), in one allocation."""
+
+    __slots__ = ("counter_bytes", "counters", "partial_bytes", "partials")
+
+    def __init__(self, counter_bytes: int, partial_bytes: int, stream: int | None, why: str | None) -> None:
+        self.counter_bytes = -(-counter_bytes // _SPLIT_ALIGN) * _SPLIT_ALIGN
+        self.partial_bytes = partial_bytes
+        self.counters = _zeroed_device_memory(self.counter_bytes + partial_bytes, stream, why)
+        self.partials = self.counters + self.counter_bytes
+
+    def fits(self, counter_bytes: int, partial_bytes: int) -> bool:
+        return counter_bytes <= self.counter_bytes and partial_bytes <= self.partial_bytes
+
+
+class SplitWorkspaces:
+    """Split-KV workspaces (ABI ``sm90_tma_sched``'s ``split_counters`` and ``split_partials``): one per (device,
+    stream), at least as large as the largest problem launched on the stream so far, kept for the process. Two
+    streams never share one (kernels running at once would count and overwrite each other's splits); launches
+    on one stream run one after another and each leaves the counters zeroed, so one workspace serves every
+    later launch on the stream, the replays of a CUDA graph captured there included, whatever the problem (the
+    counters of a workspace are never partials: a larger problem gets a new workspace). An outgrown workspace
+    is kept, not freed: a kernel queued on the stream may still use it. A loaded kernel reserves a spare of its
+    size outside any capture (:meth:`reserve`), which the first stream that needs one takes without a CUDA call,
+    so a launch inside a capture on a stream with no (large enough) workspace works once after each load."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_stream: dict[tuple[int, int, int], _Workspace] = {}  # as TileCounters'
+        self._spare: dict[int, list[_Workspace]] = {}  # device -> reserved, not given to a stream yet
+        self._retired: list[_Workspace] = []  # outgrown by their stream, still owned (a queued kernel may use them)
+
+    def reserve(self, device: int, counter_bytes: int, partial_bytes: int) -> None:
+        """Make sure ``device`` (the current device) has a spare workspace of at least these sizes."""
+        with self._lock:
+            spare = self._spare.setdefault(device, [])
+            if not any(w.fits(counter_bytes, partial_bytes) for w in spare):
+                spare.append(_Workspace(counter_bytes, partial_bytes, None, None))
+
+    def get(self, device: int, stream: int, counter_bytes: int, partial_bytes: int) -> tuple[int, int]:
+        """(counters, partials) of ``stream`` (a ``cudaStream_t`` handle) on ``device``, the current device, of at
+        least these sizes."""
+        key = (device, stream, threading.get_ident() if stream == _PER_THREAD_STREAM else 0)
+        ws = self._by_stream.get(key)
+        if ws is None or not ws.fits(counter_bytes, partial_bytes):
+            with self._lock:
+                ws = self._by_stream.get(key)
+                if ws is None or not ws.fits(counter_bytes, partial_bytes):
+                    ws = self._replace(device, stream, key, ws, counter_bytes, partial_bytes)
+        return ws.counters, ws.partials
+
+    def _replace(
+        self, device: int, stream: int, key, old: _Workspace | None, counter_bytes: int, partial_bytes: int
+    ) -> _Workspace:
+        spare = self._spare.setdefault(device, [])
+        fitting = [w for w in spare if w.fits(counter_bytes, partial_bytes)]
+        if fitting:
+            new = min(fitting, key=lambda w: (w.partial_bytes, w.counter_bytes))
+            spare.remove(new)
+        else:  # each part as large as the old one's, or twice that if it is too small (few workspaces retire)
+            sizes = (counter_bytes, partial_bytes)
+            if old is not None:
+                sizes = tuple(
+                    had if need <= had else max(need, 2 * had)
+                    for need, had in zip(sizes, (old.counter_bytes, old.partial_bytes), strict=True)
+                )
+            have = f"{old.counter_bytes} + {old.partial_bytes} B" if old else "none"
+            why = (
+                f"this stream's split-KV workspace ({have}) is smaller than the kernel needs "
+                f"({counter_bytes} + {partial_bytes} B)"
+            )
+            new = _Workspace(*sizes, stream, why)
+        if old is not None:
+            self._retired.append(old)
+        self._by_stream[key] = new
+        return new
+
+
+#: the process's split-KV workspaces
+SPLIT_WORKSPACES = SplitWorkspaces()
+
+
 #: ABI name (a space file's ``[family] abi``) -> argument layout
 ABIS: dict[str, type] = {cls.abi: cls for cls in (FlatArgs, TmaArgs, TmaSchedArgs)}
 assert set(ABIS) == set(ABI_PARAMS), "every described ABI has a packer"
@@ -301,6 +411,8 @@ class Launcher:
             args = self._args
             if args.uses_tile_counter:
                 args.set_tile_counter(TILE_COUNTERS.get(self._device, stream))
+            if args.split_workspace:
+                args.set_split_workspace(*SPLIT_WORKSPACES.get(self._device, stream, *args.split_workspace))
             args.pack(q, k, v, o, lse, softmax_scale)
             launch_kernel(self._function_ptr, grid, threads, smem_bytes, stream, self._args.buffer.params_address)
 
@@ -331,11 +443,15 @@ class Kernel:
         self.grid, self.threads, self.smem_bytes = tuple(grid), threads, smem_bytes
         self.config = dict(config)
         self.abi_params = dict(abi_params or {})  # the space's [launch.abi] values for this config and shape
-        # the device the function was loaded on (the current one), where a tile counter is needed
+        # the device the function was loaded on (the current one), where a tile counter or workspace is needed
         self.device: int | None = None
-        if uses_tile_counter(abi, self.abi_params):
+        split = split_workspace_bytes(abi, self.abi_params)
+        if uses_tile_counter(abi, self.abi_params) or split:
             self.device = _current_device()
+        if uses_tile_counter(abi, self.abi_params):
             TILE_COUNTERS.reserve(self.device)
+        if split:
+            SPLIT_WORKSPACES.reserve(self.device, *split)
         if smem_bytes > 48 * 1024:  # opt in to more than the default 48 KB of dynamic shared memory
             driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes)
 
@@ -383,6 +499,8 @@ class Kernel:
         handle = stream if isinstance(stream, int) else stream.ptr
         if args.uses_tile_counter:
             args.set_tile_counter(TILE_COUNTERS.get(self.device, handle))
+        if args.split_workspace:
+            args.set_split_workspace(*SPLIT_WORKSPACES.get(self.device, handle, *args.split_workspace))
         launch_kernel(self.function.ptr, self.grid, self.threads, self.smem_bytes, handle, args.buffer.params_address)
 
 
