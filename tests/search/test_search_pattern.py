@@ -512,3 +512,13 @@ def test_the_loop_gives_the_search_every_warm_start(sqlite_url, toy_space, probl
         compiler=fake_compiler,
     )
     assert given == seeds
+
+
+def test_the_trace_tool_follows_one_landscape_to_its_planted_best():
+    """tests/search/trace.py: one line per evaluation, the default first, the planted best marked where it ends."""
+    from tests.search.trace import trace
+
+    lines = trace("island", 0, 60)
+    assert lines[1].startswith("  1 ") and lines[1].endswith("(default)")
+    assert lines[-1].endswith("***") and all(" from [" in line for line in lines[2:])
+    assert trace("island", 0, 60) == lines  # seeded: the same lines again

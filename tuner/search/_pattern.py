@@ -28,8 +28,13 @@ ping-pong). So the search walks the space from the default instead of sampling i
 - Spread batches: with :data:`SPREAD_AFTER` of its proposals in flight (a compile-ahead window), a
   share :data:`SPREAD` of the proposals comes from restart seeds and from the best (centre, level) of
   another centre, so one poor incumbent does not fill the window with its neighbours.
-- Within a neighbourhood, configs are ranked by an additive surrogate of per-knob-value effects
-  (:class:`~._model.AdditiveModel`, which continues the trend of an ordered knob), ties at random.
+- Within a neighbourhood, configs are ranked by the upper confidence bound (mean + one standard deviation)
+  of a Gaussian process whose kernel has single-knob and pairwise terms
+  (:class:`~._surrogate.InteractionGP`): it sees that two changes pay together where a sum of per-knob
+  effects cannot, and its uncertainty favours the pairs nobody measured yet. Before :data:`RANK_AFTER`
+  results and after :data:`RANK_UNTIL`, and among a refused move's repairs, an additive model of
+  per-knob-value effects ranks instead (:class:`~._model.AdditiveModel`, which continues the trend of an
+  ordered knob); ties at random.
 
 Nothing measured, in flight, or taken by another tuner is proposed again (no repeats), and with
 compile-ahead the proposals made before results arrive continue down the same ranked levels.
@@ -51,7 +56,16 @@ from ._base import Search
 from ._model import AdditiveModel
 from ._surrogate import InteractionGP, expected_improvement
 
-__all__ = ["BO_SHARE", "LEVELS", "LEVEL_PENALTY", "REPAIRS_KEPT", "PatternSearch", "constraint_knobs", "ring"]
+__all__ = [
+    "BO_SHARE",
+    "LEVELS",
+    "LEVEL_PENALTY",
+    "RANK_AFTER",
+    "REPAIRS_KEPT",
+    "PatternSearch",
+    "constraint_knobs",
+    "ring",
+]
 
 #: the levels of a neighbourhood, nearest first (see the module docstring)
 LEVELS = ("step", "coupled step", "jump", "pair", "pair jump")
@@ -68,6 +82,14 @@ REPAIRS_KEPT = 3
 #: landscapes a median of 19.5 (was 24) but the stored fp16 sweep a p90 of 31, past the target of 30
 BO_SHARE = (0.0, 0.0)
 RIVALRY = math.inf  # the surrogate's pick replaces the climb's when it expects this many times its improvement
+#: results after which the interaction surrogate ranks a neighbourhood (before: the additive model). Replayed
+#: (window 1, 20 seeds), against the additive model ranking: the five design sweeps' medians / p90s 12/20,
+#: 6/7, 3.5/6, 15/26, 4/5 (were 15/22, 7/10, 3.5/6, 14.5/23, 5.5/8); the coupled, island and decoy families
+#: (tests/search/landscapes.py, 10 seeds) medians 12.5, 22, 48.5 (were 12, 24, 48.5)
+RANK_AFTER = 3
+#: results after which the additive model ranks again: the GP's cost grows with the cube of its results (300
+#: proposals on the whole sm90 space average 15-42 ms each with the GP ranking up to 150 results, under 10 up to 100)
+RANK_UNTIL = 100
 STALL = 4  # results without a better best after which the climb counts as stalled
 #: own proposals in flight from which the search spreads a batch (a compile-ahead window): then a share
 #: :data:`SPREAD` of the proposals comes from elsewhere (restart seeds, then the best neighbourhood of another
@@ -379,15 +401,13 @@ class PatternSearch(Search):
     def _propose_pattern(self, taken: Set[str]) -> Config | None:
         while (choice := self._choose()) is not None:
             key, level = choice
-            best: tuple[float, str, Config] | None = None
-            for other_key, other in self.neighbourhood(key, level):
-                if other_key in taken or other_key in self.results or other_key in self._open:
-                    continue
-                score = self.model.predict(other) + 1e-9 * self.rng.random()
-                if best is None or score > best[0]:
-                    best = (score, other_key, other)
-            if best is not None:
-                return best[2]
+            free = [
+                c
+                for k, c in self.neighbourhood(key, level)
+                if k not in taken and k not in self.results and k not in self._open
+            ]
+            if free:
+                return self._favourite(free)
             if key in self.values:
                 self._spent(key, level)
             else:  # the start before its result: its next level
@@ -395,20 +415,32 @@ class PatternSearch(Search):
         return None
 
     def _propose_elsewhere(self, taken: Set[str]) -> Config | None:
-        """The model's favourite of the highest-priority (centre, level) whose centre is not the one the climb
-        proposes from now (another region), or None when there is none."""
+        """The favourite (:meth:`_favourite`) of the highest-priority (centre, level) whose centre is not the one
+        the climb proposes from now (another region), or None when there is none."""
         here = self.current[1] if self.current else None
         for _, _, key, level in sorted(self._heads):
             if key == here:
                 continue
             free = [
-                (self.model.predict(c) + 1e-9 * self.rng.random(), k, c)
+                c
                 for k, c in self.neighbourhood(key, level)
                 if k not in taken and k not in self.results and k not in self._open
             ]
             if free:
-                return max(free)[2]
+                return self._favourite(free)
         return None
+
+    def _favourite(self, configs: list[Config]) -> Config:
+        """The config of ``configs`` to propose first: the highest upper confidence bound (mean + one standard
+        deviation) of log TFLOPS under the interaction surrogate from :data:`RANK_AFTER` results to
+        :data:`RANK_UNTIL`, otherwise the additive model's favourite; ties at random."""
+        ties = np.array([self.rng.random() for _ in configs])
+        if RANK_AFTER <= self.surrogate.count <= RANK_UNTIL:
+            mean, std = self.surrogate.predict(self.surrogate.encode(configs))
+            score = mean + std
+        else:
+            score = np.array([self.model.predict(c) for c in configs])
+        return configs[int(np.argmax(score + 1e-9 * ties))]
 
     # -- the interaction surrogate's proposals -------------------------------------------------------
     def _propose_surrogate(self, taken: Set[str], against: Config | None = None) -> tuple[Config, float, float] | None:
