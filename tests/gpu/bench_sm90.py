@@ -107,6 +107,7 @@ def time_left() -> float:
 
 
 _DEADLINE = [DEADLINE_S]  # --deadline replaces it
+_NCU_RESERVE = [NCU_RESERVE_S]  # --no-ncu makes it 0: no time kept for a stage that does not run
 
 
 def make_problem(shape: tuple) -> Problem:
@@ -609,7 +610,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
         if bad is not None:
             entry.update(status="skipped", detail=f"contains {diff_text(bad)}, which hung or crashed")
             continue
-        if time_left() < NCU_RESERVE_S:
+        if time_left() < _NCU_RESERVE[0]:
             entry.update(status="skipped", detail="out of time")
             continue
         try:
@@ -921,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
 
     space = load_space("sm90")
     _DEADLINE[0] = args.deadline
+    _NCU_RESERVE[0] = 0.0 if args.no_ncu else NCU_RESERVE_S
     _ONLY.update(n for n in (args.variants or "").split(",") if n)
     _NCU_SLUGS.update(args.ncu_shape)
     if args.suite:
@@ -954,7 +956,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         compile_all(plans, device, budget_s=min(170.0, time_left() - 8 * len(plans) - 40))  # ~6 s to time a shape
         for i, plan in enumerate(plans):
-            reserve = 0 if args.no_ncu else NCU_RESERVE_S
+            reserve = _NCU_RESERVE[0]
             if time_left() < reserve + 20:
                 log(f"out of time: {plan['slug']} and the rest are not timed")
                 plan["setup"] = "skipped: out of time"
