@@ -6,7 +6,7 @@ import pytest
 
 from tuner.devices import DEVICE_MACROS, KNOWN_ARCHS, SMEM_RESERVED_PER_BLOCK, DeviceLimits, limits_for_arch
 from tuner.problem import Problem
-from tuner.space import load_space
+from tuner.space import complete, load_space
 
 H200 = {"name": "NVIDIA H200", "arch": 90, "num_sms": 132, "smem_per_block_optin": 232448, "regs_per_sm": 65536}
 
@@ -62,7 +62,7 @@ def test_two_ctas_per_sm_must_fit_the_sm_exactly():
     space, device = load_space("sm90"), limits_for_arch(90)
     problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=128)
     config = {"ctas_per_sm": 2, "consumer_wgs": 1, "producer_regs": 24, "consumer_regs": 232, "persistent": 0}
-    fits = space.complete({**config, "block_n": 80}, problem, device).config
+    fits = complete(space, {**config, "block_n": 80}, problem, device).config
     assert space.check(fits, problem, device) is None
     too_big = {**fits, "block_n": 96}
     env = space.environment(too_big, problem, device)

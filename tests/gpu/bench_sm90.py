@@ -44,7 +44,7 @@ os.environ.setdefault("FLASHTUNE_CACHE_DIR", "/tmp/flashtune-bench-sm90")  # the
 from tuner.devices import DeviceLimits
 from tuner.gpu import TOLERANCES, CupyHandler
 from tuner.problem import Problem
-from tuner.space import ConfigError, Space, config_key, load_space
+from tuner.space import ConfigError, Space, complete, config_key, load_space
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 6 minutes)
@@ -118,7 +118,7 @@ def make_problem(shape: tuple) -> Problem:
 # ---- 1. plan -----------------------------------------------------------------------------------
 def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     """Named partial configs: the default, and what one knob away may pay at short N (with the
-    register budgets that knob needs). The other knobs are completed for each shape (Space.complete): a
+    register budgets that knob needs). The other knobs are completed for each shape (tuner.space.complete): a
     cluster or one CTA per block takes the static scheduler, the one default moved here (an order, not another
     variant); a variant that runs only with other defaults moved is dropped, as one that cannot run at all."""
     cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
@@ -213,7 +213,7 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
             skipped.append({"name": name, "status": "invalid", "detail": str(e)})
             continue
         try:
-            completion = space.complete(partial, problem, device)
+            completion = complete(space, partial, problem, device)
         except ConfigError as e:
             skipped.append({"name": name, "status": "infeasible", "detail": str(e)})
             continue

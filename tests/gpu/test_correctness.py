@@ -18,7 +18,7 @@ import pytest
 from tests.kernels.sm90_configs import REPRESENTATIVE
 from tuner.gpu import MeasureSettings, measure_job_for
 from tuner.problem import Problem
-from tuner.space import ConfigError, available_families, load_space
+from tuner.space import ConfigError, available_families, complete, load_space
 
 from .conftest import compile_many
 
@@ -68,7 +68,7 @@ def covering_configs(space, device, head_dim, seed=0):
     chosen = [space.defaults(head_dim)]
     for partial in REPRESENTATIVE.get(space.name, {}).values():
         try:
-            c = space.complete(partial, probes[0], device).config
+            c = complete(space, partial, probes[0], device).config
         except ConfigError:  # the given knobs do not run at this head dim
             continue
         if c not in chosen and all(space.check(c, p, device) is None for p in probes):

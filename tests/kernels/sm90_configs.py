@@ -1,6 +1,6 @@
 """Named partial configs of sm90 that the kernel tests build: each scheduling and pipeline knob away from its
 default, and their combinations that share code paths. The knobs left out are completed for the problem
-(``Space.complete``: the defaults, or where those cannot run beside the given knobs, the nearest that do; a
+(:func:`complete`: the defaults, or where those cannot run beside the given knobs, the nearest that do; a
 2-CTA cluster or one CTA per block thus takes the static scheduler). tests/kernels/test_kernel_builds.py builds
 them without spills, tests/kernels/test_kernel_schedule.py checks the work distribution of those that schedule
 differently, and tests/gpu/test_correctness.py runs them on a GPU."""

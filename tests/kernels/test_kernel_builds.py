@@ -13,7 +13,7 @@ from tests.kernels.sm90_configs import SM90_D64_REPRESENTATIVE, SM90_D256_REPRES
 from tuner.compile import compile_config
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.space import config_key, load_space
+from tuner.space import complete, config_key, load_space
 
 pytestmark = [pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed"), pytest.mark.slow]
 
@@ -26,7 +26,7 @@ def _builds_without_spills(partial: dict, problem: Problem, completed_at: int) -
     """``partial`` completed at head dim ``completed_at`` (its defaults), built for ``problem``: feasible, for
     sm_90a, no spills. The config built."""
     space, device = load_space("sm90"), limits_for_arch(90)
-    config = space.complete(partial, _problem(completed_at, problem.dtype, problem.causal), device).config
+    config = complete(space, partial, _problem(completed_at, problem.dtype, problem.causal), device).config
     assert space.check(config, problem, device) is None
     kernel = compile_config(space, config, problem, device)
     assert kernel.arch == "90a"

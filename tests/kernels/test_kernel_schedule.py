@@ -19,7 +19,7 @@ from tests.kernels.sm90_configs import SM90_REPRESENTATIVE as ANY
 from tuner.devices import limits_for_arch
 from tuner.paths import KERNEL_SRC
 from tuner.problem import Problem
-from tuner.space import load_space
+from tuner.space import complete, load_space
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -88,7 +88,7 @@ def binaries(tmp_path_factory):
     for name, (head_dim, partial) in CONFIGS.items():
         for causal in (False, True):
             problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim, causal=causal)
-            config = space.complete(partial, problem, device).config
+            config = complete(space, partial, problem, device).config
             assert space.check(config, problem, device) is None, (name, space.check(config, problem, device))
             exe = out / f"{name}-{int(causal)}"
             flags = [f"-D{k}={v}" for k, v in space.macros(config, problem, device).items()]

@@ -1,4 +1,4 @@
-"""Partial configs made whole (Space.complete): the given knobs kept, the others at their defaults or, where
+"""Partial configs made whole (tuner.space.complete): the given knobs kept, the others at their defaults or, where
 those cannot run beside them, at the nearest feasible values by the stated rule, the moved ones said; checked
 against a brute-force search of a small synthetic space, and on the sm80 and sm90 spaces. No GPU."""
 
@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import toy_space_text
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.space import ConfigError, load_space
+from tuner.space import ConfigError, complete, conflicts, load_space
 from tuner.space import _complete as complete_module
 
 H200, A100 = limits_for_arch(90), limits_for_arch(80)
@@ -80,10 +80,10 @@ def test_every_partial_config_of_a_small_space_completes_as_a_full_search_ranks_
         expected = _nearest_by_brute_force(space, given, problem, A100)
         if expected is None:
             with pytest.raises(ConfigError, match="cannot run"):
-                space.complete(given, problem, A100)
+                complete(space, given, problem, A100)
             refused += 1
             continue
-        completion = space.complete(given, problem, A100)
+        completion = complete(space, given, problem, A100)
         assert completion.config == expected, given
         assert all(completion.config[k] == v for k, v in given.items())
         defaults = space.validate(given, partial=True, head_dim=128, arch=80)
@@ -97,14 +97,14 @@ def test_a_category_knob_moves_one_step_to_any_of_its_values(tmp_path):
     """flag=1 needs stages 2 -> 4 or block_m 64 -> 16: two steps each along ordered values (a tie the knob
     order breaks: block_m comes first), but stages as a category moves one step to any value."""
     problem = Problem(batch=1, seqlen_q=512, heads_q=2, head_dim=128)
-    assert _synthetic(tmp_path, True).complete({"flag": 1}, problem, A100).moved == (("block_m", 64, 16),)
-    assert _synthetic(tmp_path, False).complete({"flag": 1}, problem, A100).moved == (("stages", 2, 4),)
+    assert complete(_synthetic(tmp_path, True), {"flag": 1}, problem, A100).moved == (("block_m", 64, 16),)
+    assert complete(_synthetic(tmp_path, False), {"flag": 1}, problem, A100).moved == (("stages", 2, 4),)
 
 
 # -- sm90 ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_one_cta_per_block_alone_moves_only_the_dynamic_scheduler(sm90, head_dim):
-    completion = sm90.complete({"persistent": 0}, _problem(head_dim), H200)
+    completion = complete(sm90, {"persistent": 0}, _problem(head_dim), H200)
     assert completion.config == {**sm90.defaults(head_dim, 90), "persistent": 0, "scheduler": 0}
     assert completion.moved == (("scheduler", 1, 0),)
     note = completion.note
@@ -115,14 +115,14 @@ def test_one_cta_per_block_alone_moves_only_the_dynamic_scheduler(sm90, head_dim
 
 
 def test_head_dim_256_is_one_cta_per_block_already_and_moves_nothing(sm90):
-    completion = sm90.complete({"persistent": 0}, _problem(256), H200)
+    completion = complete(sm90, {"persistent": 0}, _problem(256), H200)
     assert completion.config == sm90.defaults(256, 90) and completion.moved == () and completion.note == ""
 
 
 def test_a_cluster_alone_takes_the_register_budgets_and_the_static_order(sm90):
     """cta_mode=2 at d128: the producer needs 32 registers, which leaves 232 per consumer, and a cluster runs the
     static scheduler: the partial the build tests once spelled out knob by knob."""
-    completion = sm90.complete({"cta_mode": 2}, _problem(128), H200)
+    completion = complete(sm90, {"cta_mode": 2}, _problem(128), H200)
     assert [name for name, _, _ in completion.moved] == ["producer_regs", "consumer_regs", "scheduler"]
     assert completion.config == {
         **sm90.defaults(128, 90),
@@ -134,7 +134,7 @@ def test_a_cluster_alone_takes_the_register_budgets_and_the_static_order(sm90):
 
 
 def test_one_q_stage_at_head_dim_256_takes_persistent_ctas(sm90):
-    completion = sm90.complete({"q_stages": 1}, _problem(256), H200)
+    completion = complete(sm90, {"q_stages": 1}, _problem(256), H200)
     assert completion.moved == (("persistent", 0, 1),)
     assert sm90.check(completion.config, _problem(256), H200) is None
 
@@ -143,7 +143,7 @@ def test_given_knobs_that_conflict_are_named_not_moved(sm90):
     """persistent=0 with q_stages=1 fails whatever the other knobs are: the error names that check only, not the
     scheduler's, which a moved default would mend."""
     with pytest.raises(ConfigError) as e:
-        sm90.complete({"persistent": 0, "q_stages": 1}, _problem(128), H200)
+        complete(sm90, {"persistent": 0, "q_stages": 1}, _problem(128), H200)
     message = str(e.value)
     assert message.startswith("sm90: persistent=0, q_stages=1 cannot run fp16-d128-full-b1-h8-n4096 on sm_90")
     assert "q_stages_persistent: " in message and "dynamic_scheduler" not in message
@@ -154,7 +154,7 @@ def test_a_search_that_runs_out_of_its_budget_says_so(sm90, monkeypatch):
     """block_n=256 at d128: no K/V ring of 256 keys fits shared memory, with any other knob."""
     monkeypatch.setattr(complete_module, "MAX_COMPLETION_CHECKS", 40)
     with pytest.raises(ConfigError) as e:
-        sm90.complete({"block_n": 256}, _problem(128), H200)
+        complete(sm90, {"block_n": 256}, _problem(128), H200)
     message = str(e.value)
     assert "block_n=256 cannot run" in message and "smem_fits: needs" in message
     assert "nor with the 40 nearest completions of the other knobs; give more knobs" in message
@@ -162,21 +162,21 @@ def test_a_search_that_runs_out_of_its_budget_says_so(sm90, monkeypatch):
 
 def test_conflicts_are_the_checks_the_given_knobs_fail_whatever_the_device(sm90):
     problem = _problem(128)
-    assert sm90.conflicts({"persistent": 0}, problem) == []  # the scheduler's default is mended, not a conflict
-    assert [c.split(":")[0] for c in sm90.conflicts({"persistent": 0, "q_stages": 1}, problem)] == [
+    assert conflicts(sm90, {"persistent": 0}, problem) == []  # the scheduler's default is mended, not a conflict
+    assert [c.split(":")[0] for c in conflicts(sm90, {"persistent": 0, "q_stages": 1}, problem)] == [
         "q_stages_persistent"
     ]
-    assert [c.split(":")[0] for c in sm90.conflicts({"cta_mode": 2, "producer_regs": 24}, problem)] == [
+    assert [c.split(":")[0] for c in conflicts(sm90, {"cta_mode": 2, "producer_regs": 24}, problem)] == [
         "producer_registers"
     ]
-    assert sm90.conflicts({"block_n": 256, "kv_stages": 4}, problem) == []  # shared memory: the device decides
+    assert conflicts(sm90, {"block_n": 256, "kv_stages": 4}, problem) == []  # shared memory: the device decides
 
 
 # -- sm80 ---------------------------------------------------------------------------------------------------
 def test_sm80_completions(sm80):
     problem = _problem(128)
-    assert sm80.complete({"block_m": 256}, problem, A100).moved == (("num_warps", 4, 8),)
-    assert sm80.complete({"pv_split": 64}, problem, A100).moved == (("block_m", 128, 64), ("block_n", 64, 128))
+    assert complete(sm80, {"block_m": 256}, problem, A100).moved == (("num_warps", 4, 8),)
+    assert complete(sm80, {"pv_split": 64}, problem, A100).moved == (("block_m", 128, 64), ("block_n", 64, 128))
 
 
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
@@ -184,17 +184,17 @@ def test_defaults_that_run_are_taken_as_they_are(family):
     space = load_space(family)
     device = H200 if family == "sm90" else A100
     for head_dim in space.family.head_dims:
-        completion = space.complete({}, _problem(head_dim), device)
+        completion = complete(space, {}, _problem(head_dim), device)
         assert completion.config == space.defaults(head_dim, device.arch)
         assert completion.moved == () and completion.note == ""
 
 
 def test_a_problem_or_device_the_family_does_not_run_is_said_so_without_blaming_the_knobs(sm80, sm90):
     with pytest.raises(ConfigError) as e:
-        sm80.complete({"block_m": 64}, _problem(256), A100)
+        complete(sm80, {"block_m": 64}, _problem(256), A100)
     assert str(e.value) == "sm80 cannot run fp16-d256-full-b1-h8-n4096 on sm_80 (A100, nominal): " + str(
         sm80.supports(_problem(256))
     )
     with pytest.raises(ConfigError, match=r"^sm90 cannot run .*built for sm_90a only") as e:
-        sm90.complete({"block_n": 64}, _problem(128), A100)
+        complete(sm90, {"block_n": 64}, _problem(128), A100)
     assert "change the given knobs" not in str(e.value)

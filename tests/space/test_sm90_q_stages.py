@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import compile_config_header
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
-from tuner.space import load_space
+from tuner.space import complete, load_space
 
 H200 = limits_for_arch(90)
 FA3_D128 = {"block_n": 176, "consumer_wgs": 2, "kv_stages": 2, "persistent": 1}
@@ -32,7 +32,7 @@ def test_two_stages_by_default_and_one_cta_per_block_keeps_the_default(space):
     for head_dim in (64, 128, 256):
         defaults = space.defaults(head_dim)
         assert defaults["q_stages"] == 2
-        one_per_block = space.complete({"persistent": 0}, _problem(head_dim), H200)
+        one_per_block = complete(space, {"persistent": 0}, _problem(head_dim), H200)
         assert one_per_block.config["q_stages"] == 2 and "q_stages" not in {k for k, _, _ in one_per_block.moved}
     assert space.defaults(256)["persistent"] == 0  # so its default is q_stages=2 without persistent CTAs
 

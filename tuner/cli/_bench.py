@@ -21,7 +21,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import run_bench, study_for_bench
     from ..devices import DeviceLimits
     from ..progress import log
-    from ..space import AUTO_FAMILY, load_space
+    from ..space import AUTO_FAMILY, complete, load_space
 
     if args.api:
         return _bench_api(args)
@@ -46,7 +46,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with worker:
         if not args.study:
             family = resolve_family(args, [problem], arch=int(info["arch"])) if family == AUTO_FAMILY else family
-            completion = load_space(family).complete(config, problem, DeviceLimits.from_info(info))
+            completion = complete(load_space(family), config, problem, DeviceLimits.from_info(info))
             if completion.note:
                 log.info(completion.note)
             config = completion.config
@@ -123,16 +123,17 @@ def _bench_suite(args: argparse.Namespace) -> int:
 
 def _check_config_early(family: str, problem, config) -> None:
     """``--config`` checked before a GPU starts: its knobs and values, and the checks they fail whatever the
-    other knobs and the GPU (:meth:`Space.conflicts`); against the family, or for ``auto`` (which waits for the
+    other knobs and the GPU (:func:`tuner.space.conflicts`); against the family, or for ``auto`` (which waits for the
     GPU's arch) against each family that supports the problem, refused only where none takes it."""
     from ..space import AUTO_FAMILY, ConfigError, SpaceError, available_families, load_space
+    from ..space import conflicts as space_conflicts
 
     names = [family] if family != AUTO_FAMILY else available_families()
     spaces = [s for s in map(load_space, names) if family != AUTO_FAMILY or s.supports(problem) is None]
     errors = []
     for space in spaces:
         try:
-            conflicts = space.conflicts(config, problem)
+            conflicts = space_conflicts(space, config, problem)
         except (ConfigError, SpaceError) as e:  # an unknown knob or value is a ConfigError
             errors.append(e)
             continue

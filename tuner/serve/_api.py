@@ -33,7 +33,7 @@ def resolve_config(
     device: DeviceLimits | None = None,
 ) -> Config:
     """None: the family's defaults (for ``head_dim``); a mapping: those knobs, the others at their defaults, or
-    given a ``problem`` and a ``device``, completed as ``tuner.attention`` completes it (:meth:`Space.complete`:
+    given a ``problem`` and a ``device``, completed as ``tuner.attention`` completes it (:func:`tuner.space.complete`:
     the defaults nearest that run, the moved ones logged); a path: an exported header."""
     if config is None:
         return space.defaults(head_dim)
@@ -74,7 +74,7 @@ def attention(
             device: :func:`tuner.space.choose_family`), a kernel family (a file in ``search_spaces/``) or the
             path of a space file.
         config: None (the family's defaults), a dict of knob values (the others at their defaults, or where those
-            cannot run beside the given ones the nearest that do, logged: :meth:`tuner.space.Space.complete`), the
+            cannot run beside the given ones the nearest that do, logged: :func:`tuner.space.complete`), the
             path of a header written by ``flashtune export`` (made for this head dim, dtype and mask; it names its
             family), or ``"auto"``: the tuned config of the bucket this shape falls in, as the dispatch header's
             ``select()`` picks it; a shape the table does not cover gets the family default with one

@@ -39,7 +39,7 @@ from ..export import MAX_HEADER_BYTES, HeaderError, decode_header, header_family
 from ..files import FileContentError, read_content
 from ..problem import DTYPES, Problem
 from ..progress import log
-from ..space import AUTO_FAMILY, Config, ConfigError, Space, load_space
+from ..space import AUTO_FAMILY, Config, ConfigError, Space, complete, load_space
 from ._family import FamilyChoiceError, resolve_family
 from ._tuned import TunedConfigs, TunedError, shipped_tuned, tuned_configs
 
@@ -200,10 +200,10 @@ def _tuned_of(config_key: tuple, gpu_name: str) -> TunedConfigs | None:
 
 
 def completed(space: Space, config: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> Config:
-    """A partial config made whole (:meth:`Space.complete`), the defaults it moved logged (never a silent change;
+    """A partial config made whole (:func:`tuner.space.complete`), the defaults it moved logged (never a silent change;
     once per plan: plans are built once per key); one that cannot run is an :class:`AttentionError`."""
     try:
-        completion = space.complete(config, problem, device)
+        completion = complete(space, config, problem, device)
     except ConfigError as e:
         raise AttentionError(str(e)) from None
     if completion.note:

@@ -132,7 +132,7 @@ class DefaultRule:
 
 @dataclass(frozen=True)
 class Completion:
-    """A partial config made whole (:meth:`Space.complete`): every knob, and the defaults it had to move."""
+    """A partial config made whole (:func:`tuner.space.complete`): every knob, and the defaults it had to move."""
 
     config: Config
     moved: tuple[tuple[str, int, int], ...] = ()  # (knob, its default, the value taken), in knob order
@@ -327,19 +327,6 @@ class Space:
             for name in expr.names:
                 names |= self._sources.get(name, {name})
         return frozenset(names)
-
-    def complete(self, config: Mapping[str, Any], problem: Problem, device: DeviceLimits) -> Completion:
-        """A partial ``config`` made whole for ``problem`` on ``device`` (:func:`tuner.space.complete`)."""
-        from ._complete import complete
-
-        return complete(self, config, problem, device)
-
-    def conflicts(self, config: Mapping[str, Any], problem: Problem) -> list[str]:
-        """The checks that the knobs ``config`` gives fail for ``problem`` whatever the other knobs and the device
-        (checks that read nothing else): a partial config refused before the device is known."""
-        from ._complete import conflicts
-
-        return conflicts(self, config, problem)
 
     def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
         """The first reason ``config`` is infeasible, or None."""
