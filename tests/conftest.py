@@ -73,6 +73,20 @@ def compile_config_header(space, macros: dict[str, int], arch: str, tmp_path: Pa
     )
 
 
+def build_host_check(source: Path, exe: Path, macros: dict[str, int] | None = None) -> Path:
+    """nvcc builds ``source`` (a .cu of host code that includes kernel_src/ headers) into the program ``exe``."""
+    import subprocess
+
+    defines = [f"-D{k}={v}" for k, v in (macros or {}).items()]
+    subprocess.run(
+        ["nvcc", "-std=c++17", "-O2", "-x", "cu", "-I", str(KERNEL_SRC), *defines, str(source), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return exe
+
+
 def real_kernel_files() -> tuple[str, str]:
     """(source, config_header) of some existing family, relative to kernel_src/ (a toy space must name real files)."""
     for header in sorted(KERNEL_SRC.glob("*/config.cuh")):

@@ -202,17 +202,24 @@ def test_a_missing_driver_is_a_clear_error(monkeypatch, tmp_path):
 
 
 # -- sm90_tma_sched: the tile counters ----------------------------------------------------------------
-@pytest.fixture
-def counters(monkeypatch):
-    """A fresh TileCounters whose device memory is a fake range (the allocations are recorded)."""
-    allocations = []
+def _fake_device_memory(monkeypatch, *, with_reason: bool = False) -> list[tuple]:
+    """Device allocations of the launch layer replaced by a fake range on device 0; returns the list they are
+    recorded in, (bytes, stream) each, and the reason given with ``with_reason``."""
+    allocations: list[tuple] = []
 
-    def allocate(nbytes, stream):
-        allocations.append((nbytes, stream))
+    def allocate(nbytes, stream, why=None):
+        allocations.append((nbytes, stream, why) if with_reason else (nbytes, stream))
         return 0x10000000 * len(allocations)
 
     monkeypatch.setattr(launch, "_zeroed_device_memory", allocate)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    return allocations
+
+
+@pytest.fixture
+def counters(monkeypatch):
+    """A fresh TileCounters whose device memory is a fake range (the allocations are recorded: bytes, stream)."""
+    allocations = _fake_device_memory(monkeypatch)
     fresh = launch.TileCounters()
     monkeypatch.setattr(launch, "TILE_COUNTERS", fresh)
     return fresh, allocations
@@ -289,14 +296,7 @@ def test_each_launch_passes_its_streams_counter(counters, monkeypatch, stand_in_
 @pytest.fixture
 def workspaces(monkeypatch):
     """A fresh SplitWorkspaces whose device memory is a fake range (each allocation: (bytes, stream, why))."""
-    allocations = []
-
-    def allocate(nbytes, stream, why=None):
-        allocations.append((nbytes, stream, why))
-        return 0x10000000 * len(allocations)
-
-    monkeypatch.setattr(launch, "_zeroed_device_memory", allocate)
-    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    allocations = _fake_device_memory(monkeypatch, with_reason=True)
     fresh = launch.SplitWorkspaces()
     monkeypatch.setattr(launch, "SPLIT_WORKSPACES", fresh)
     return fresh, allocations

@@ -9,30 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tuner.paths import KERNEL_SRC
+from tests.conftest import build_host_check
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 
 def test_exp2_poly_is_within_fp16_rounding_and_exactly_zero_when_masked(tmp_path):
     exe = tmp_path / "exp2_poly_check"
-    subprocess.run(
-        [
-            "nvcc",
-            "-std=c++17",
-            "-O2",
-            "-x",
-            "cu",
-            "-I",
-            str(KERNEL_SRC),
-            str(Path(__file__).parent / "exp2_poly_check.cu"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    build_host_check(Path(__file__).parent / "exp2_poly_check.cu", exe)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     worst = float(run.stdout.split()[1])

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.paths import KERNEL_SRC
+from tests.conftest import build_host_check
 from tuner.space import load_space
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -58,26 +58,7 @@ def binaries(tmp_path_factory):
     out = tmp_path_factory.mktemp("split_merge")
     built = {}
     for splits in SPLITS:
-        exe = out / f"merge{splits}"
-        subprocess.run(
-            [
-                "nvcc",
-                "-std=c++17",
-                "-O2",
-                "-x",
-                "cu",
-                "-I",
-                str(KERNEL_SRC),
-                f"-DFT_KV_SPLITS={splits}",
-                str(CHECK),
-                "-o",
-                str(exe),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        built[splits] = exe
+        built[splits] = build_host_check(CHECK, out / f"merge{splits}", {"FT_KV_SPLITS": splits})
     return built
 
 
