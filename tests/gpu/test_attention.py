@@ -344,8 +344,13 @@ def test_host_time_per_cached_call_is_within_the_target(family):
     with torch.inference_mode():
         tuner.attention(q, k, v, family=family)
         F.scaled_dot_product_attention(qt, kt, vt)
-        host_us = min(host_us_per_call(lambda: tuner.attention(q, k, v, family=family)) for _ in range(3))
-        sdpa_us = min(host_us_per_call(lambda: F.scaled_dot_product_attention(qt, kt, vt)) for _ in range(3))
+        # the best of 5 interleaved measurements of each: the device host's own jitter moves PyTorch's SDPA
+        # from 18 to 28 us within seconds, so back-to-back blocks of one then the other compare two moments
+        ours, theirs = [], []
+        for _ in range(5):
+            ours.append(host_us_per_call(lambda: tuner.attention(q, k, v, family=family)))
+            theirs.append(host_us_per_call(lambda: F.scaled_dot_product_attention(qt, kt, vt)))
+        host_us, sdpa_us = min(ours), min(theirs)
     assert host_us <= max(HOST_US_TARGET, sdpa_us), f"{host_us:.1f} us per call, SDPA {sdpa_us:.1f} us"
 
 

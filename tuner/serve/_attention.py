@@ -481,16 +481,8 @@ def _torch_operand(torch, x):
     """(tensor the kernel can read, operand): a copy on the caller's stream when the kernel cannot address it."""
     stride = x.stride()
     ptr = x.data_ptr()
-    if (
-        ptr % 16
-        or stride[3] != 1
-        or stride[0] % 8
-        or stride[1] % 8
-        or stride[2] % 8
-        or stride[0] <= 0
-        or stride[1] <= 0
-        or stride[2] <= 0
-    ):  # 16-bit elements: 16-byte multiples
+    b, n, h, d = stride
+    if ptr % 16 or d != 1 or (b | n | h) % 8 or min(b, n, h) <= 0:  # 16-bit elements: 16-byte multiples
         x = x.clone(memory_format=torch.contiguous_format)
         stride = x.stride()
         ptr = x.data_ptr()
@@ -515,7 +507,7 @@ def torch_attention(
     tensor = torch.Tensor
     if not (isinstance(k, tensor) and isinstance(v, tensor)):
         raise AttentionError("q, k and v must all be CuPy arrays or all PyTorch tensors")
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise AttentionError(FORWARD_ONLY)
     device = _torch_device(q)
     key = (
@@ -546,7 +538,7 @@ def torch_attention(
     q, qa = _torch_operand(torch, q)
     k, ka = _torch_operand(torch, k)
     v, va = _torch_operand(torch, v)
-    o = q.new_empty(q.shape)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)  # half new_empty(q.shape)'s host time
     lse = plan.scratch_lse.get("torch") if not want_lse else None
     if lse is None:
         lse = q.new_empty(plan.lse_shape, dtype=torch.float32)
