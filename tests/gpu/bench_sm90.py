@@ -226,6 +226,15 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
             continue
         seen.add(key)
         chosen.append({"name": name, "config": config, "diff": {k: v for k, v in config.items() if defaults[k] != v}})
+    # the problem's default (the space's [[defaults]] rules on top of the head dim's), where it differs: what a
+    # study starts from and tuner.attention runs with config=None
+    config = space.defaults(problem=problem, device=device)
+    same = next((e for e in chosen if config_key(e["config"]) == config_key(config)), None)
+    if same is not None:
+        same["rules"] = True
+    else:
+        diff = {k: v for k, v in config.items() if defaults[k] != v}
+        chosen.insert(1, {"name": "rules", "config": config, "diff": diff, "rules": True})
     return chosen, skipped
 
 
@@ -835,7 +844,8 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
 
 # ---- 5. report ---------------------------------------------------------------------------------
 def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> str:
-    """One row per config and peer, fastest first. With `top`: per shape only the default, the `top`
+    """One row per config and peer, fastest first; "[rules]" marks the problem's default (the space's
+    [[defaults]] rules applied). With `top`: per shape only the default, the problem's default, the `top`
     fastest, every config that failed (wrong, hang, compile error) and the peers."""
     lines = [
         f"{'shape':<30} {'config':<44} {'TFLOPS':>7} {'xcuDNN':>7} {'xdef':>6} {'rel_err':>8} "
@@ -848,13 +858,17 @@ def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> st
         rows = sorted(plan["configs"], key=lambda e: -(e.get("tflops") or 0))
         if top is not None:
             fastest = [e for e in rows if e.get("tflops")][:top]
-            rows = [e for e in rows if e in fastest or e["name"] == "default" or e.get("status") not in ("ok", None)]
+            rows = [
+                e
+                for e in rows
+                if e in fastest or e["name"] == "default" or e.get("rules") or e.get("status") not in ("ok", None)
+            ]
         for e in rows + [{"name": n, **peer} for n, peer in peers.items()]:
             tf = e.get("tflops")
             res = e.get("build", {}).get("resources", {})
             spill = "S" if res.get("spill_store_bytes") or res.get("spill_load_bytes") else ""
             occ = e.get("ctas_per_sm_occupancy", "")
-            label = diff_text(e["diff"]) if "diff" in e else e["name"]
+            label = (diff_text(e["diff"]) if "diff" in e else e["name"]) + (" [rules]" if e.get("rules") else "")
             status = e.get("status", "ok" if tf else (e.get("failure") or "")[:40])
             status = status.upper() if status in ("wrong", "hang", "crash") else status
             rel = e.get("rel_error")

@@ -11,6 +11,7 @@ import pytest
 
 from tests.gpu import bench_sm90 as bench
 from tuner.devices import limits_for_arch
+from tuner.problem import Problem
 from tuner.space import load_space
 
 
@@ -30,6 +31,24 @@ def test_every_shape_gets_a_feasible_plan_with_both_ctas_per_sm_values():
         if problem.head_dim == 64:  # 3 warpgroups are the d64 default; with one CTA per block too
             assert {"poly2", "wgs3_serial_bn160"} <= {c["name"] for c in configs}
             assert {(c["config"]["consumer_wgs"], c["config"]["persistent"]) for c in configs} >= {(3, 0), (3, 1)}
+
+
+def test_the_plan_marks_the_problems_default_once():
+    """The [[defaults]] rules' config is timed beside the head dim's default: the variant that is it carries the
+    mark (split2 at a few-unit d128 shape), else a row of its own (when --variants leaves split2 out)."""
+    space, device = load_space("sm90"), limits_for_arch(90)
+    few = Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=128, causal=True)
+    configs, _ = bench.plan_shape(space, device, few, quick=False)
+    marked = [c for c in configs if c.get("rules")]
+    assert len(marked) == 1 and marked[0]["config"] == space.defaults(problem=few, device=device)
+    assert marked[0]["config"]["kv_splits"] == 2 and marked[0]["name"] == "split2"
+    bench._ONLY.update({"split3"})
+    try:
+        configs, _ = bench.plan_shape(space, device, few, quick=False)
+    finally:
+        bench._ONLY.clear()
+    assert [c["name"] for c in configs] == ["default", "rules", "split3"]
+    assert configs[1]["rules"] and configs[1]["diff"] == {"kv_splits": 2}
 
 
 def test_quick_plan_is_small():

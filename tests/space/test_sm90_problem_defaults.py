@@ -15,9 +15,21 @@ SPACE = load_space("sm90")
 H200 = limits_for_arch(90)
 
 
+def _units(problem: Problem, block_m: int) -> int:
+    return problem.batch * problem.heads_q * math.ceil(problem.seqlen_q / block_m)
+
+
 def _waves(problem: Problem, block_m: int) -> int:
-    units = problem.batch * problem.heads_q * math.ceil(problem.seqlen_q / block_m)
-    return math.ceil(units / H200.num_sms)
+    return math.ceil(_units(problem, block_m) / H200.num_sms)
+
+
+def _splits(problem: Problem, block_m: int) -> int:
+    """The largest kv_splits whose split units fit one wave of the H200's SMs (one CTA each) with >= 512 keys
+    per split: the split-KV rules, here from the tile's rows (every default here is one CTA per unit)."""
+    fits = [
+        s for s in (1, 2, 3, 4, 6, 8) if s * _units(problem, block_m) <= H200.num_sms and problem.seqlen_k >= 512 * s
+    ]
+    return max(fits) if len(fits) > 1 else 1
 
 
 PROBLEMS = [
@@ -32,13 +44,15 @@ def test_d64_warpgroups_follow_the_wave_counts_and_every_default_is_feasible():
     for problem in PROBLEMS:
         config = SPACE.defaults(problem=problem, device=H200)
         assert SPACE.check(config, problem, H200) is None, (problem.slug(), config)
+        splits = _splits(problem, 192 if problem.head_dim == 64 else 128)
         if problem.head_dim != 64:
             expected = 2
-        elif problem.causal:
+        elif problem.causal or splits > 1:  # split keys fill the wave at 3 warpgroups' per-row speed
             expected = 3
         else:  # 3 warpgroups' waves cost 1.5x a 2-warpgroup wave; they stay unless that costs >= 1.3x
             expected = 2 if 192 * _waves(problem, 192) >= 1.3 * 128 * _waves(problem, 128) else 3
         assert config["consumer_wgs"] == expected, problem.slug()
+        assert config["kv_splits"] == splits, problem.slug()
         if problem.head_dim == 64:
             assert (config["producer_regs"], config["consumer_regs"]) == ((24, 240) if expected == 2 else (32, 160))
 
@@ -61,3 +75,34 @@ def test_the_measured_shapes_get_what_was_faster():
     }.items():
         problem = Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=64)
         assert SPACE.defaults(problem=problem, device=H200)["consumer_wgs"] == wgs, (b, h, n)
+
+
+def test_every_split_count_occurs_among_few_unit_problems():
+    """With as many queries as keys a split of >= 512 keys has >= 4 query blocks' worth of units per head: 6 and
+    8 splits come with few queries over many keys (a chunk of a prompt over its cache)."""
+    problems = [
+        Problem(batch=1, seqlen_q=nq, seqlen_k=max(nq, nk), heads_q=h, head_dim=d, causal=c)
+        for nq, nk, h, d, c in itertools.product(
+            (128, 512, 1024, 4096), (1024, 4096, 16384), (1, 2, 4, 8), (64, 128, 256), (False, True)
+        )
+    ]
+    chosen = {SPACE.defaults(problem=p, device=H200)["kv_splits"] for p in problems}
+    assert chosen == {1, 2, 3, 4, 6, 8}
+
+
+def test_the_split_kv_shapes_get_what_was_fastest():
+    """H200, 2026-12-02 (BENCHMARKS.md, session 11): the fastest kv_splits of 1-8 (or within 1% of it) on
+    tests/gpu/splitkv_shapes.toml and four more few-unit shapes, every other knob at the head dim's default."""
+    for (b, h, kv, n, d, causal), splits in {
+        (1, 8, 2, 1024, 128, True): 2,
+        (1, 8, 8, 1024, 128, False): 2,
+        (1, 4, 4, 2048, 64, False): 3,
+        (1, 4, 1, 2048, 256, True): 2,
+        (2, 4, 1, 512, 128, True): 1,
+        (1, 4, 4, 4096, 128, False): 1,
+        (1, 8, 8, 1024, 64, True): 2,
+        (1, 4, 1, 2048, 128, True): 2,
+        (1, 4, 4, 1024, 256, False): 2,
+    }.items():
+        problem = Problem(batch=b, seqlen_q=n, heads_q=h, heads_kv=kv, head_dim=d, causal=causal)
+        assert SPACE.defaults(problem=problem, device=H200)["kv_splits"] == splits, problem.slug()

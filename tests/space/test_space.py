@@ -438,9 +438,9 @@ MALFORMED = {
         lambda t: _replace(t, 'help = "keys per tile"', 'help = "keys per tile"\ndefault_by_arch = 32'),
         ["[knobs.block_n]", "default_by_arch must be a table"],
     ),
-    "default_rule_reads_a_knob": (
-        lambda t: t + '\n[[defaults]]\nwhen = "block_m == 64"\nset = { stages = 3 }\nhelp = "h"\n',
-        ["[[defaults]] #1", "block_m", "problem and the device only"],
+    "default_rule_reads_an_unknown_name": (
+        lambda t: t + '\n[[defaults]]\nwhen = "block_rows == 64"\nset = { stages = 3 }\nhelp = "h"\n',
+        ["[[defaults]] #1", "block_rows", "no name of the problem, the device, a knob or a derived value"],
     ),
     "default_rule_sets_no_knob": (
         lambda t: t + '\n[[defaults]]\nwhen = "causal"\nset = { depth = 3 }\nhelp = "h"\n',
@@ -597,6 +597,29 @@ def test_default_rules_apply_in_order_for_the_problem_and_device_only(tmp_path, 
     assert default(seqlen_q=16384, causal=True) == {**plain, "stages": 3, "block_n": 32}
     assert default(seqlen_q=64, batch=1) == {**plain, "block_m": 32}  # 16 query blocks, 108 SMs
     assert space.defaults(64, 80) == plain  # no problem, no rule
+
+
+def test_a_default_rule_reads_the_config_the_earlier_rules_left(tmp_path, sm80):
+    """A rule's ``when`` may read knobs and derived values: those of the defaults after the rules above it."""
+    taller = '\n[[defaults]]\nwhen = "batch == 1"\nset = { block_m = 128 }\nhelp = "one sequence: taller tiles"\n'
+    deeper = (
+        '\n[[defaults]]\nwhen = "num_warps == 8 and smem_bytes <= LIMIT"\nset = { stages = 3 }\n'
+        'help = "8 warps with shared memory to spare: a deeper ring"\n'
+    )
+    plain = load_space(_write(tmp_path, toy_space_text())).defaults(64)
+
+    def default(text: str, batch: int) -> dict:
+        space = load_space(_write(tmp_path, text))
+        return space.defaults(problem=Problem(batch=batch, heads_q=16, seqlen_q=1024, head_dim=64), device=sm80)
+
+    text = toy_space_text() + taller + deeper.replace("LIMIT", "50000")
+    assert [r.reads_config for r in load_space(_write(tmp_path, text)).default_rules] == [False, True]
+    assert default(text, 4) == plain  # block_m 64: 4 warps
+    # the first rule leaves 128 rows: 8 warps and (128 + 2*2*64) * 64 * 2 = 49152 B of shared memory
+    assert default(text, 1) == {**plain, "block_m": 128, "stages": 3}
+    assert default(toy_space_text() + taller + deeper.replace("LIMIT", "40000"), 1) == {**plain, "block_m": 128}
+    # in the other order the ring's rule sees the plain 64 rows (4 warps) and does not hold
+    assert default(toy_space_text() + deeper.replace("LIMIT", "50000") + taller, 1) == {**plain, "block_m": 128}
 
 
 def test_knob_lookup(toy_space):

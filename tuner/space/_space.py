@@ -122,12 +122,14 @@ class Constraint:
 
 @dataclass(frozen=True)
 class DefaultRule:
-    """``[[defaults]]``: where ``when`` (over the problem and the device only) holds, these knobs default to
-    these values instead (rules apply in file order; a later one wins a knob both set)."""
+    """``[[defaults]]``: where ``when`` holds, these knobs default to these values instead. Rules apply in file
+    order (a later one wins a knob both set); ``when`` reads the problem, the device, and the knobs and derived
+    values of the config the earlier rules left (``reads_config``), e.g. the work units of its tile."""
 
     when: Expr
     values: tuple[tuple[str, int], ...]
     help: str
+    reads_config: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,15 @@ class Space:
         if problem is not None and device is not None and self.default_rules:
             env = {**device.env(), **problem.env()}
             for rule in self.default_rules:
-                if rule.when(env):
+                seen = env
+                if rule.reads_config:
+                    try:
+                        seen = self.environment(config, problem, device)  # the defaults the earlier rules left
+                    except (
+                        ExprError
+                    ):  # they cannot be evaluated for this problem (beyond 64 bits): the rule does not hold
+                        continue
+                if rule.when(seen):
                     config.update(rule.values)
         return config
 
@@ -563,7 +573,7 @@ def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
         for name, entry in _table(data, "constraints", where, required=False).items()
     ]
     threads, smem_bytes, grid, launch_abi = _parse_launch(_table(data, "launch", where), where, known)
-    rules = _parse_default_rules(data.get("defaults", []), where, knobs)
+    rules = _parse_default_rules(data.get("defaults", []), where, knobs, derived)
     _check_macros_are_read(
         family,
         root,
@@ -586,8 +596,11 @@ def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
     )
 
 
-def _parse_default_rules(entries: Any, where: str, knobs: list[Knob]) -> tuple[DefaultRule, ...]:
-    """``[[defaults]]``: each a ``when`` over problem and device names, a ``set`` table of knob values, a ``help``."""
+def _parse_default_rules(
+    entries: Any, where: str, knobs: list[Knob], derived: list[Derived]
+) -> tuple[DefaultRule, ...]:
+    """``[[defaults]]``: each a ``when`` over problem, device, knob and derived names (the knobs' values being
+    the defaults the earlier rules left), a ``set`` table of knob values, a ``help``."""
     if not isinstance(entries, list):
         raise SpaceError(f"{where}: defaults must be an array of tables ([[defaults]])")
     by_name = {k.name: k for k in knobs}
@@ -601,11 +614,13 @@ def _parse_default_rules(entries: Any, where: str, knobs: list[Knob]) -> tuple[D
             when = compile_expr(entry["when"])
         except ExprError as e:
             raise SpaceError(f"{kw}: when: {e}") from None
-        outside = sorted(when.names - PROBLEM_NAMES - DEVICE_NAMES)
+        config_names = {k.name for k in knobs} | {d.name for d in derived}
+        outside = sorted(when.names - PROBLEM_NAMES - DEVICE_NAMES - config_names)
         if outside:
             raise SpaceError(
-                f"{kw}: when {entry['when']!r} reads {', '.join(outside)}; a default depends on the problem and "
-                f"the device only ({', '.join(sorted(PROBLEM_NAMES | DEVICE_NAMES))})"
+                f"{kw}: when {entry['when']!r} reads {', '.join(outside)}, which is no name of the problem, the "
+                f"device, a knob or a derived value; it may read {', '.join(sorted(PROBLEM_NAMES | DEVICE_NAMES))} "
+                "and the knobs and derived values of the defaults so far"
             )
         chosen = entry["set"]
         if not isinstance(chosen, dict) or not chosen:
@@ -618,7 +633,14 @@ def _parse_default_rules(entries: Any, where: str, knobs: list[Knob]) -> tuple[D
             if isinstance(value, bool) or value not in knob.values:
                 raise SpaceError(f"{kw}: set {name} = {value!r} is not one of the values {list(knob.values)}")
             values.append((name, int(value)))
-        rules.append(DefaultRule(when=when, values=tuple(values), help=entry["help"].strip()))
+        rules.append(
+            DefaultRule(
+                when=when,
+                values=tuple(values),
+                help=entry["help"].strip(),
+                reads_config=bool(when.names & config_names),
+            )
+        )
     return tuple(rules)
 
 
