@@ -215,6 +215,6 @@ def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
     cost a stored sweep as much; a level penalty of 0.01 keeps the stored sweeps' figures, decoy 34 (4 never).
     With the GP ranking: a start in every island of the default (each value of a knob no single step changes, with
     its cheapest repair) measured right after the default gives island 16/41 (1 never), decoy 50.5, but the fp16
-    sweep 15/15, d128 N 512 6/7 and the held-out GQA sweep 20/20 (branch search3, not merged); the same starts as
+    sweep 15/15, d128 N 512 6/7 and the held-out GQA sweep 20/20 (not kept); the same starts as
     restart seeds once stalled give island 27.5-42.5, decoy 23.5 to never, and a design sweep off its target."""
     _check(replay(_family(kind), [DEFAULT_SEARCH], FEW_SEEDS, 60), median=20, p90=30, within=60)
