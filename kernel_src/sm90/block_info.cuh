@@ -12,13 +12,14 @@ struct BlockInfo {
   int seqlen_q, seqlen_k;
   int causal_offset;  // seqlen_k - seqlen_q: row i sees key j iff j <= i + causal_offset
   int n_block_max;    // key blocks [n_block_min(), n_block_max) are visited, from the last one down
-  int n_block_begin = 0;  // kv_splits > 1: the first key block of this unit's split
+  int n_block_begin = 0;  // kv_splits > 1 or tail_splits > 1: the first key block of this unit's split
 
-  // split: the unit's key range among kKvSplits (TileScheduler::split); split s of a tile whose rows see key
-  // blocks [0, n) takes [n s / S, n (s + 1) / S): contiguous, disjoint, covering, and empty when n < S leaves
-  // it none (its partial is O = 0, LSE = -inf).
+  // split: the unit's key range among `splits` (TileScheduler::split and splits: kKvSplits, or with the tail
+  // split 1 or the last wave's count, at run time); split s of a tile whose rows see key blocks [0, n) takes
+  // [n s / S, n (s + 1) / S): contiguous, disjoint, covering, and empty when n < S leaves it none (its partial
+  // is O = 0, LSE = -inf).
   __host__ __device__ __forceinline__ BlockInfo(int m_block_, int head_, int batch_, int seqlen_q_, int seqlen_k_,
-                                                int heads_q, int heads_kv, int split = 0)
+                                                int heads_q, int heads_kv, int split = 0, int splits = kKvSplits)
       : m_block(m_block_), head(head_), batch(batch_), kv_head(head_ / (heads_q / heads_kv)), seqlen_q(seqlen_q_),
         seqlen_k(seqlen_k_), causal_offset(seqlen_k_ - seqlen_q_) {
     n_block_max = (seqlen_k + kBlockN - 1) / kBlockN;
@@ -30,14 +31,14 @@ struct BlockInfo {
       const int keys = row_end + causal_offset;                    // keys the last valid row sees
       n_block_max = keys <= 0 ? 0 : min(n_block_max, (keys + kBlockN - 1) / kBlockN);
     }
-    if constexpr (kKvSplits > 1) {
-      const int n = n_block_max;
-      n_block_begin = n * split / kKvSplits;
-      n_block_max = n * (split + 1) / kKvSplits;
+    if constexpr (kSplitKeys) {
+      const int n = n_block_max, s = kKvSplits > 1 ? kKvSplits : splits;  // split-KV: a constant
+      n_block_begin = n * split / s;
+      n_block_max = n * (split + 1) / s;
     }
   }
 
-  __host__ __device__ __forceinline__ int n_block_min() const { return kKvSplits > 1 ? n_block_begin : 0; }
+  __host__ __device__ __forceinline__ int n_block_min() const { return kSplitKeys ? n_block_begin : 0; }
   // Does this unit visit no key block (the producer loads only Q's stage handover, the consumers write O = 0)?
   __host__ __device__ __forceinline__ bool empty() const { return n_block_max <= n_block_min(); }
 

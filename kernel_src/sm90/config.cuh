@@ -73,6 +73,9 @@
 #ifndef FT_KV_SPLITS
 #define FT_KV_SPLITS 1  // CTAs (units) sharing one query block's key blocks, merged by LSE weights (1 = no split)
 #endif
+#ifndef FT_TAIL_SPLITS
+#define FT_TAIL_SPLITS 1  // persistent: key ranges per tile of the last, partly filled wave (at most; 1 = no split)
+#endif
 
 // ---- device limits -----------------------------------------------------------------------
 // The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
@@ -125,6 +128,10 @@ constexpr int kCtasPerSm = FT_CTAS_PER_SM;
 constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kKvSplits = FT_KV_SPLITS;
+constexpr int kTailSplits = FT_TAIL_SPLITS;
+// Do units compute part of a tile's key blocks (then partials are merged: epilogue.cuh)? Split-KV always, the
+// tail split for the tiles of the last partial wave (the split count is the scheduler's, at run time).
+constexpr bool kSplitKeys = kKvSplits > 1 || kTailSplits > 1;
 constexpr int kSmemBytes = FT_SMEM_BYTES;
 
 constexpr int kWgRows = 64;                          // query rows per consumer warpgroup (wgmma M)
@@ -181,5 +188,10 @@ static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders t
 static_assert(!kDynamicScheduler || kClusterCtas == 1,
               "scheduler=1 (dynamic) needs cta_mode=1: a cluster would have to share each fetched unit over DSMEM");
 static_assert(kKvSplits >= 1 && kKvSplits <= 8, "kv_splits: 1 (no split) to 8 key ranges per query block");
+static_assert(kTailSplits >= 1 && kTailSplits <= 4, "tail_splits: 1 (no split) to 4 key ranges per tile of the last wave");
+static_assert(kTailSplits == 1 || kPersistent,
+              "tail_splits > 1 splits the last wave of persistent CTAs: set persistent=1 or tail_splits=1");
+static_assert(kTailSplits == 1 || kKvSplits == 1,
+              "kv_splits and tail_splits are alternatives (split every tile, or the last wave's): set one of them to 1");
 
 }  // namespace ft_sm90

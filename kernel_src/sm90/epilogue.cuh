@@ -7,11 +7,11 @@
 // With one Q stage the next unit's Q goes into this very stage, and the consumers wait for it
 // before that unit's first S GEMM: the stage is handed back at the end of this epilogue.
 //
-// Split-KV (kKvSplits > 1): each unit computes one key range of its tile; every consumer warpgroup
-// first writes its partial (normalised O and LSE, fp32, in its threads' accumulator order) to the
-// workspace and counts itself on its rows' counter; the warpgroup whose split arrives last merges
-// the kKvSplits partials (its own from registers) and stores O and LSE as above; the others store
-// nothing (merge_splits).
+// Split-KV (kKvSplits > 1), and the tail split's units of the last wave (kTailSplits > 1, a run-time count):
+// each unit computes one key range of its tile; every consumer warpgroup first writes its partial
+// (normalised O and LSE, fp32, in its threads' accumulator order) to the workspace and counts itself on its
+// rows' counter; the warpgroup whose split arrives last merges the tile's partials (its own from registers)
+// and stores O and LSE as above; the others store nothing (merge_splits).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,9 @@ namespace ft_sm90 {
 
 // Split-KV: where one consumer warpgroup's partial of one unit goes (ABI sm90_tma_sched's split_counters and
 // split_partials, sized by the space file's split_counter_bytes and split_partial_bytes). `slot` numbers the
-// warpgroup's 64 rows of a tile: (tile * kClusterCtas + rank) * kConsumerWgs + wg; counters[slot] counts the
+// warpgroup's 64 rows of a tile: (tile * kClusterCtas + rank) * kConsumerWgs + wg, the tile counted among the
+// split ones (TileScheduler::split_tile: every tile with split-KV, the last wave's with the tail split, whose
+// r tiles of s splits take at most G = gridDim.x / kClusterCtas partials per row); counters[slot] counts the
 // splits done with them (zero at launch, and zeroed again by the merging warpgroup, so the counters serve the
 // next launch on the stream); partial (slot, split) is kO + 2 rows of 128 floats (O values, then the two LSEs),
 // one column per thread of the warpgroup.
@@ -38,15 +40,17 @@ struct SplitSlot {
   unsigned* counters;
   float* partials;
   int slot, split;
+  int splits;  // the tile's units: kKvSplits, or with the tail split 1 (a whole tile: no partial) or s
 };
 
 // Writes this warpgroup's partial and returns whether it merged: then o and lse hold the tile's O
-// (normalised) and LSE over all kKvSplits key ranges, merged row by row as split_merge.cuh says.
+// (normalised) and LSE over all its where.splits key ranges, merged row by row as split_merge.cuh says.
 template <int kO>
 __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int tid, float (&o)[kO],
                                              float (&lse)[2]) {
   constexpr int kRows = kO + 2;
-  float* const own = where.partials + (static_cast<int64_t>(where.slot) * kKvSplits + where.split) * kRows * 128 + tid;
+  const int splits = kKvSplits > 1 ? kKvSplits : where.splits;
+  float* const own = where.partials + (static_cast<int64_t>(where.slot) * splits + where.split) * kRows * 128 + tid;
 #pragma unroll
   for (int i = 0; i < kO; ++i) __stcg(own + i * 128, o[i]);
   __stcg(own + kO * 128, lse[0]);
@@ -56,18 +60,18 @@ __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int
   named_barrier_sync(bar, 128);
   bool last = false;
   if (tid == 0) {
-    last = atomicAdd(&where.counters[where.slot], 1u) == kKvSplits - 1;
+    last = atomicAdd(&where.counters[where.slot], 1u) == static_cast<unsigned>(splits - 1);
     if (last) where.counters[where.slot] = 0;  // every split has counted: no other access in this launch
   }
   if (!named_barrier_or(bar, 128, last)) return false;
   __threadfence();  // the other splits' partials, counted before our count, are read after it
 
-  const float* const tile = where.partials + static_cast<int64_t>(where.slot) * kKvSplits * kRows * 128 + tid;
+  const float* const tile = where.partials + static_cast<int64_t>(where.slot) * splits * kRows * 128 + tid;
   const auto split_lse = [&](int s, int h) {
     return s == where.split ? lse[h] : __ldcg(tile + (s * kRows + kO + h) * 128);
   };
-  const SplitMerge merge[2] = {SplitMerge([&](int s) { return split_lse(s, 0); }),
-                               SplitMerge([&](int s) { return split_lse(s, 1); })};
+  const SplitMerge merge[2] = {SplitMerge([&](int s) { return split_lse(s, 0); }, splits),
+                               SplitMerge([&](int s) { return split_lse(s, 1); }, splits)};
   {
     const float own[2] = {merge[0].weight(lse[0]), merge[1].weight(lse[1])};
 #pragma unroll
@@ -75,7 +79,7 @@ __device__ __forceinline__ bool merge_splits(const SplitSlot& where, int wg, int
   }
   // a runtime loop: unrolled, ptxas hoists every split's loads and spills at head dim 64
 #pragma unroll 1
-  for (int s = 0; s < kKvSplits; ++s) {
+  for (int s = 0; s < splits; ++s) {
     if (s == where.split) continue;
     const float w[2] = {merge[0].weight(split_lse(s, 0)), merge[1].weight(split_lse(s, 1))};
 #pragma unroll
@@ -96,9 +100,11 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
   // Afterwards only this warpgroup's last store may still be in flight.
   held.release(smem.q_ring, storing_thread);
   // Split-KV: only the warpgroup that merged the splits stores (warpgroup-uniform); the others take the
-  // same path without writing, so the stage is handed back as after a store.
+  // same path without writing, so the stage is handed back as after a store. The tail split: so do the units of
+  // the last wave's split tiles (split.splits > 1, uniform over the CTA); the others store as without it.
   bool write = true;
-  if constexpr (kKvSplits > 1) write = merge_splits(split, wg, 32 * warp + lane, o, lse);
+  if constexpr (kSplitKeys)
+    if (kKvSplits > 1 || split.splits > 1) write = merge_splits(split, wg, 32 * warp + lane, o, lse);
   // This warpgroup's rows of the stage: Q landed before the main loop (the consumer waited for
   // it) and its S GEMMs have completed; no store reads them (that unit's was waited for before
   // the producer reloaded the stage).

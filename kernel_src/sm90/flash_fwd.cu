@@ -7,7 +7,8 @@
 // of two along the query blocks and each loads half of every K/V tile for both. Semantics:
 // kernel_src/README.md; ABI sm90_tma_sched: Q, K, V, O arrive as 4-D tensor maps (tuner/gpu/tma.py),
 // LSE as a pointer, the dynamic scheduler's zeroed counter (FT_SCHEDULER=1; null and unread otherwise), and
-// split-KV's zeroed counters and fp32 partials (FT_KV_SPLITS > 1; null and unread otherwise; epilogue.cuh).
+// split-KV's (or the tail split's) zeroed counters and fp32 partials (FT_KV_SPLITS > 1 or FT_TAIL_SPLITS > 1;
+// null and unread otherwise; epilogue.cuh).
 #include "sm90/block_info.cuh"
 #include "sm90/config.cuh"
 #include "sm90/epilogue.cuh"
@@ -73,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
     open_gemm_turns(cwg);
     for (QState qs; consumer_unit(smem, sched, qs); consumer_next(sched, qs)) {
       const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
-                          sched.split());
+                          sched.split(), sched.splits());
       const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
       float o[kORegs];
 #pragma unroll
@@ -82,8 +83,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
       consumer.run(o, softmax, st, held);
       float row_lse[2];
       softmax.finalize(o, row_lse);
-      const SplitSlot split{split_counters, split_partials, (sched.tile() * kClusterCtas + rank) * kConsumerWgs + cwg,
-                            sched.split()};
+      const SplitSlot split{split_counters, split_partials,
+                            (sched.split_tile() * kClusterCtas + rank) * kConsumerWgs + cwg, sched.split(),
+                            sched.splits()};
       store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held, split);
     }
     close_gemm_turns(cwg);

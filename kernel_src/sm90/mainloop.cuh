@@ -75,7 +75,7 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
   };
   for (; sched.valid(); next_unit(), qs.advance()) {
     const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
-                        sched.split());
+                        sched.split(), sched.splits());
     if (blk.empty()) {  // nothing to load: the consumers write O = 0 into the stage once it is free
       smem.q_ring.producer_skip(qs, publish);
       continue;
@@ -233,7 +233,7 @@ struct Consumer {
     int n = blk.n_block_max;
     if constexpr (kIsCausal && !kPingPong) {
       const int visible = blk.n_block_visible(first_row, kWgRows);
-      const int stop = kKvSplits > 1 && visible < blk.n_block_min() ? blk.n_block_min() : visible;
+      const int stop = kSplitKeys && visible < blk.n_block_min() ? blk.n_block_min() : visible;
       for (; n > stop; --n) {
         wait_k(st);
         release_k(st);

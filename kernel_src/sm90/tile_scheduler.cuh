@@ -27,6 +27,12 @@
 //   unit = tile * S + split, so the S units of a tile run at the same time (its Q, and its head's K/V,
 //   come from L2).
 //   Each orders, persists and fetches exactly as above, over S times the units (the grid: space file).
+//   FT_TAIL_SPLITS=S > 1 (tail split, persistent): of T tiles on G clusters the last r = T mod G form a partly
+//   filled last wave; each of them is s = min(S, G / r) units (none when r = 0 or s = 1), over s contiguous key
+//   ranges as with split-KV, numbered after the T - r whole tiles, the split index fastest:
+//   unit = T - r + (tile - (T - r)) * s + split. The dynamic counter (or the snake's last round, which holds
+//   exactly these r * s <= G units) hands them out last and together, so the last wave takes 1/s of a tile's
+//   time on r * s clusters instead of a whole tile's on r. s is computed here, at run time, from the grid.
 #pragma once
 
 #include "sm90/config.cuh"
@@ -49,6 +55,7 @@ struct TileScheduler {
   int m_groups, heads, units;
   int unit, stride;
   int cluster, round = 0;
+  int whole_tiles, tail_splits;  // FT_TAIL_SPLITS > 1 only (else unset): tiles [0, whole_tiles) one unit, the rest s each
 
   // block = (blockIdx.x, blockIdx.y, blockIdx.z), grid_x = gridDim.x
   __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
@@ -59,6 +66,12 @@ struct TileScheduler {
     if constexpr (kPersistent) {
       unit = cluster;
       stride = grid_x / kClusterCtas;
+      if constexpr (kTailSplits > 1) {
+        const int tail = units % stride;  // tiles of the last wave (units: the tiles here, kv_splits = 1)
+        tail_splits = tail == 0 ? 1 : min(kTailSplits, stride / tail);
+        whole_tiles = units - tail;
+        units = whole_tiles + tail * tail_splits;
+      }
     } else {
       unit = (block_z * heads + block_y) * m_groups * kKvSplits + cluster;
       stride = units;  // one unit
@@ -90,10 +103,28 @@ struct TileScheduler {
     }
   }
 
-  // The unit's query-block group ("tile": a unit when kv_splits = 1) and its key range among the tile's kKvSplits.
-  __host__ __device__ __forceinline__ int tile() const { return unit / kKvSplits; }
-  __host__ __device__ __forceinline__ int split() const { return unit % kKvSplits; }
-  __host__ __device__ __forceinline__ int tiles() const { return units / kKvSplits; }
+  // The unit's query-block group ("tile": a unit when neither split is on), its key range among the tile's
+  // splits(), and the tile's index among the split ones (its partials' place in the workspace: epilogue.cuh).
+  __host__ __device__ __forceinline__ int tile() const {
+    if constexpr (kTailSplits > 1) return unit < whole_tiles ? unit : whole_tiles + (unit - whole_tiles) / tail_splits;
+    return unit / kKvSplits;
+  }
+  __host__ __device__ __forceinline__ int split() const {
+    if constexpr (kTailSplits > 1) return unit < whole_tiles ? 0 : (unit - whole_tiles) % tail_splits;
+    return unit % kKvSplits;
+  }
+  __host__ __device__ __forceinline__ int splits() const {
+    if constexpr (kTailSplits > 1) return unit < whole_tiles ? 1 : tail_splits;
+    return kKvSplits;
+  }
+  __host__ __device__ __forceinline__ int split_tile() const {
+    if constexpr (kTailSplits > 1) return tile() - whole_tiles;
+    return tile();
+  }
+  __host__ __device__ __forceinline__ int tiles() const {
+    if constexpr (kTailSplits > 1) return whole_tiles + (units - whole_tiles) / tail_splits;
+    return units / kKvSplits;
+  }
 
   __host__ __device__ __forceinline__ int m_block(int rank) const {
     return (m_groups - 1 - tile() % m_groups) * kClusterCtas + rank;

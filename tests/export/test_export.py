@@ -117,11 +117,20 @@ def test_a_split_kv_config_says_what_workspace_the_kernel_needs(storage_url, tmp
     abi = split.space.launch(split.config, split.problem, split.device).abi
     assert f"pass split_counters, {abi['split_counter_bytes']} B zeroed" in text
     assert f"split_partials, {abi['split_partial_bytes']} B" in text
-    assert "bytes = 4 * units * cta_mode * consumer_wgs if kv_splits > 1 else 0" in text
-    assert "bytes = 4 * units * cta_mode * kv_splits * block_m * (head_dim + 4) if kv_splits > 1 else 0" in text
+    assert "bytes = 4 * units * cta_mode * consumer_wgs if kv_splits > 1 else " in text
+    assert "bytes = 4 * units * cta_mode * kv_splits * block_m * (head_dim + 4) if kv_splits > 1 else " in text
     path = tmp_path / "split.h"
     path.write_text(text)
     assert read_header(path, split.space) == split.config  # the rows are comments: the config reads back
+    # the tail split takes the same workspace, sized by the GPU (the rules name num_sms, not the shape)
+    tail = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 1, "tail_splits": 3, "persistent": 1})
+    text = render_header(tail, storage_url=storage_url, now=NOW)
+    abi = tail.space.launch(tail.config, tail.problem, tail.device).abi
+    assert abi["split_counter_bytes"] and f"pass split_counters, {abi['split_counter_bytes']} B zeroed" in text
+    assert "4 * (num_sms * ctas_per_sm // cta_mode // 2) * cta_mode * consumer_wgs if tail_splits > 1" in text
+    assert re.search(r"#define FT_TAIL_SPLITS +3 ", text)
+    path.write_text(text)
+    assert read_header(path, tail.space) == tail.config
 
 
 def test_best_trial_is_used_without_a_retimed_winner(finished, storage_url):

@@ -95,6 +95,7 @@ ABBREV = {
     "persistent": "pers",
     "ctas_per_sm": "ctas",
     "kv_splits": "splits",
+    "tail_splits": "tail",
 }
 
 
@@ -190,6 +191,15 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     # split-KV: the default with kv_splits (persistent and dynamic at d64 and d128, one CTA per block at d256)
     for splits in (2, 3, 4, 6, 8):
         v[f"split{splits}"] = {"kv_splits": splits, **({} if head_dim == 256 else {"persistent": 1, "scheduler": 1})}
+    # the tail split: the default with tail_splits (persistent and dynamic; at d256 with one Q stage, whose
+    # persistent default without a split is tail1: elsewhere tail1 is the default and dropped as a duplicate)
+    for splits in (1, 2, 3, 4):
+        v[f"tail{splits}"] = {
+            "tail_splits": splits,
+            "persistent": 1,
+            "scheduler": 1,
+            **({"q_stages": 1} if head_dim == 256 else {}),
+        }
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)

@@ -43,6 +43,14 @@ SHAPES = [
     (4, 2048, 256, 16, 4),
 ]
 
+# The tail split (tail_splits > 1) splits only the last, partly filled wave's tiles, which the shapes above leave
+# empty or too full on 132 SMs; its configs also run on these (tiles on an H200, T mod 132 = r, and the splits each
+# takes): 12 heads over 4 (GQA) at N 3000: 288 tiles of 128 rows (r = 24: tail_splits 2-4 run as given), 192 of
+# 192 (r = 60: 3 and 4 clamped to 2), 144 clusters of 256 rows on 66 (r = 12), 564 of 64 on 264 CTAs (r = 36);
+# B2 10 heads over 5 at N 1100: 180 tiles of 128 (r = 48: 3 and 4 clamped to 2), 120 of 192 (one wave: none);
+# 22 heads, 1500 queries over 1300 keys (causal rows that see no key): 176 tiles of 192 (r = 44: 3 splits).
+TAIL_SHAPES = [(1, 3000, 3000, 12, 4), (2, 1100, 1100, 10, 5), (1, 1500, 1300, 22, 22)]
+
 
 def statics(space):
     return [
@@ -50,12 +58,12 @@ def statics(space):
     ]
 
 
-def problems_for(dtype, head_dim, causal):
+def problems_for(dtype, head_dim, causal, shapes=SHAPES):
     return [
         Problem(
             batch=b, seqlen_q=nq, seqlen_k=nk, heads_q=hq, heads_kv=hk, head_dim=head_dim, dtype=dtype, causal=causal
         )
-        for b, nq, nk, hq, hk in SHAPES
+        for b, nq, nk, hq, hk in shapes
     ]
 
 
@@ -134,4 +142,24 @@ def test_every_config_is_correct_on_every_shape(compiled, worker, device):
                     if not result.ok:
                         failures.append(f"{problem.slug()} x{scale} {config}: {result.status} {result.detail}")
     assert checked == len(kernels) * len(SHAPES) * 2
+    assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:20])
+
+
+def test_the_tail_split_is_correct_where_it_splits(compiled, worker, device):
+    """The configs with tail_splits > 1 on TAIL_SHAPES, where the last wave's tiles are split (on an H200)."""
+    space, kernels = compiled
+    if not any(knob.name == "tail_splits" for knob in space.knobs):
+        pytest.skip(f"{space.name} has no tail split")
+    failures, checked = [], 0
+    for (items, dtype, head_dim, causal), kernel in kernels.items():
+        config = dict(items)
+        if config["tail_splits"] == 1:
+            continue
+        for problem in problems_for(dtype, head_dim, causal, TAIL_SHAPES):
+            job = measure_job_for(space, config, problem, device, kernel, MeasureSettings(timing=False), tag="tail")
+            result = worker.measure(job, timeout_s=120)
+            checked += 1
+            if not result.ok:
+                failures.append(f"{problem.slug()} {config}: {result.status} {result.detail}")
+    assert checked, "no tail-split config in the matrix"
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:20])

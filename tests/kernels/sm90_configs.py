@@ -87,6 +87,13 @@ SM90_REPRESENTATIVE = {
     "split4_cluster_persistent_serial": {**CLUSTER, "kv_splits": 4, "persistent": 1, "intra_wg_overlap": 0},
     "split6_pingpong_one_q_stage": {"kv_splits": 6, "pingpong": 1, "persistent": 1, "q_stages": 1},
     "split8_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "kv_splits": 8, "block_n": 64},
+    # the tail split (the last wave's tiles split at run time, merged as split-KV's): with the dynamic scheduler
+    # (the default), the static snake, a persistent cluster with the serial loop, two CTAs per SM with ping-pong's
+    # absence and one Q stage; tests/gpu/test_correctness.py runs them also on shapes where the split is active
+    "tail2": {"tail_splits": 2},
+    "tail3_static_snake": {"tail_splits": 3, "scheduler": 0},
+    "tail2_cluster_persistent": {**CLUSTER, "tail_splits": 2, "persistent": 1, "intra_wg_overlap": 0},
+    "tail4_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "tail_splits": 4, "block_n": 64, "persistent": 1, "q_stages": 1},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -107,6 +114,15 @@ SM90_D64_REPRESENTATIVE = {
         "scheduler": 1,
         "kv_splits": 3,
     },
+    "d64_three_wgs_serial_bn160_dynamic_tail3": {  # the same with the tail split's run-time count
+        **THREE_WGS,
+        "block_n": 160,
+        "intra_wg_overlap": 0,
+        "persistent": 1,
+        "scheduler": 1,
+        "tail_splits": 3,
+    },
+    "d64_tail4_pingpong": {**THREE_WGS, "block_n": 64, "pingpong": 1, "persistent": 1, "tail_splits": 4},
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},
 }
@@ -121,6 +137,7 @@ SM90_D256_REPRESENTATIVE = {
     "d256_persistent_one_q_stage": {"persistent": 1, "q_stages": 1},  # two Q stages do not fit at d256
     "d256_split4": {"kv_splits": 4},
     "d256_persistent_one_q_stage_split2": {"persistent": 1, "q_stages": 1, "kv_splits": 2},
+    "d256_persistent_one_q_stage_tail4": {"persistent": 1, "q_stages": 1, "tail_splits": 4},
     "d256_one_wg_dynamic": {**ONE_WG, "block_n": 64, "persistent": 1, "scheduler": 1},
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),

@@ -6,6 +6,11 @@
 // block of the block's range exactly once (every key a row sees lies in one split's range, before the
 // visible end of the row's warpgroup).
 //
+// FT_TAIL_SPLITS = S > 1 (persistent): the same, where the splits a tile takes are computed here from the grid,
+// independently of the scheduler: of T tiles on G = GRID_X / cta_mode clusters the last r = T mod G take
+// min(S, G / r) units each (1 when r = 0), the others one; the split units are numbered after every whole tile
+// (so the counter hands them out last), and the partials they index (split tile x splits + split) stay below G.
+//
 // FT_SCHEDULER=1 (dynamic): the CTAs' fetches from the tile counter are simulated in the order the
 // kernel makes them when every unit takes as long as its key blocks: the CTA that finishes first
 // fetches next (ties: the lower CTA). The counter must be back to zero after the last CTA retires.
@@ -36,7 +41,7 @@ static bool sees(int row, int key, const BlockInfo& blk) {
 
 // The key blocks of a unit: what it costs a cluster (its CTAs visit the same ones).
 static long unit_cost(const TileScheduler& s, int sq, int sk, int hq, int hkv) {
-  const BlockInfo blk(s.m_block(0), s.head(), s.batch(), sq, sk, hq, hkv, s.split());
+  const BlockInfo blk(s.m_block(0), s.head(), s.batch(), sq, sk, hq, hkv, s.split(), s.splits());
   return blk.n_block_max - blk.n_block_min();
 }
 
@@ -94,6 +99,14 @@ int main(int argc, char** argv) {
   std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
   const int n_blocks = (sk + kBlockN - 1) / kBlockN;
   std::vector<int> covered(visits.size() * n_blocks, 0);  // per query block: how many splits visit each key block
+  // the splits each tile takes, from the grid (see the top); tile = (b * hq + h) * m_groups + m_groups - 1 - group
+  const int m_groups = m_padded / kClusterCtas, tiles = m_groups * hq * batch, ctas = gx / kClusterCtas;
+  const int tail = kTailSplits > 1 ? tiles % ctas : 0;
+  const int tail_splits = tail == 0 ? 1 : (kTailSplits < ctas / tail ? kTailSplits : ctas / tail);
+  const auto splits_of = [&](int b, int h, int m) {
+    const int tile = (b * hq + h) * m_groups + m_groups - 1 - m / kClusterCtas;
+    return kTailSplits > 1 ? (tile >= tiles - tail ? tail_splits : 1) : kKvSplits;
+  };
   unsigned counter[2] = {0, 0};
   const auto clusters = cluster_units(gx, gy, gz, batch, sq, sk, hq, hkv, counter);
   if (counter[0] != 0 || counter[1] != 0)
@@ -111,7 +124,14 @@ int main(int argc, char** argv) {
         const size_t block = (static_cast<size_t>(b) * hq + h) * m_padded + m;
         ++visits[block];
         ++units;
-        const BlockInfo blk(m, h, b, sq, sk, hq, hkv, s.split());
+        if (s.splits() != splits_of(b, h, m)) return fail("split count of a tile", b, h, m, s.splits());
+        if (s.split() < 0 || s.split() >= s.splits()) return fail("split index out of range", m, s.split(), s.splits(), 0);
+        if (kTailSplits > 1 && s.splits() > 1) {
+          if (s.unit < tiles - tail) return fail("a split unit is numbered before a whole tile", s.unit, tiles, tail, 0);
+          if (s.split_tile() < 0 || s.split_tile() * s.splits() + s.split() >= ctas)
+            return fail("a partial past the workspace of G splits", s.split_tile(), s.splits(), s.split(), ctas);
+        }
+        const BlockInfo blk(m, h, b, sq, sk, hq, hkv, s.split(), s.splits());
         if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
         if (n_max >= 0 && (blk.n_block_max != n_max || blk.n_block_min() != n_min))
           return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
@@ -151,7 +171,7 @@ int main(int argc, char** argv) {
       for (int m = 0; m < m_padded; ++m) {
         const size_t block = (static_cast<size_t>(b) * hq + h) * m_padded + m;
         const int v = visits[block];
-        if (v != kKvSplits) return fail("query block not visited exactly once per split", b, h, m, v);
+        if (v != splits_of(b, h, m)) return fail("query block not visited exactly once per split", b, h, m, v);
         for (int n = 0; n < n_blocks; ++n)
           if (covered[block * n_blocks + n] > 1) return fail("a key block is in two splits", b, h, m, n);
         if (units_only) continue;

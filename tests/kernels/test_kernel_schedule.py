@@ -59,7 +59,14 @@ CONFIGS = {
     "split2_cluster": (128, {"kv_splits": 2, **CLUSTER}),
     "split8_d64": (64, {"kv_splits": 8}),
     "split6_d256": (256, {"kv_splits": 6}),
+    # the tail split: the last wave's tiles split at run time (dynamic and static order, a cluster, 3 warpgroups,
+    # two CTAs per SM, d256 persistent with one Q stage); run over many grids by test_the_tail_split_*
+    **{name: (128, ANY[name]) for name in ("tail2", "tail3_static_snake", "tail2_cluster_persistent")},
+    "tail4_two_ctas_per_sm": (128, ANY["tail4_two_ctas_per_sm"]),
+    "tail3_d64": (64, {"tail_splits": 3}),
+    "tail4_d256_one_q_stage": (256, D256["d256_persistent_one_q_stage_tail4"]),
 }
+TAIL = [name for name in CONFIGS if name.startswith("tail")]
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
 # that see no key; a causal offset of 1 and of 2 * 128 + 1 puts a warpgroup's last visible key alone in
@@ -184,3 +191,111 @@ def test_a_split_left_out_is_caught(binaries):
     assert gx == 4 * 8  # 8 query blocks of 128 rows, 4 splits each
     run = _run(exe, (gx - 1, gy, gz), 1, 1000, 1000, 2, 1)
     assert run.returncode == 1 and "not visited exactly once per split" in run.stdout
+
+
+def _tail_units(config: dict, problem: Problem, ctas: int) -> tuple[int, int, int]:
+    """(tiles of the last wave, the splits each takes, work units) for a grid of `ctas` clusters, as the space file
+    and the kernel compute them (TileScheduler), here from the definition: r = T mod G tiles, min(S, G / r) each."""
+    block_m, cta = 64 * config["consumer_wgs"], config["cta_mode"]
+    tiles = problem.batch * problem.heads_q * -(-problem.seqlen_q // (block_m * cta))
+    tail = tiles % ctas
+    splits = min(config["tail_splits"], ctas // tail) if tail else 1
+    return tail, splits, tiles - tail + tail * splits
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv) and grids (clusters) for the tail split: with the grid's G the
+# last wave is empty (r = 0: G divides T), holds a few tiles (r * S <= G), too many for S splits each (r * S > G:
+# the split count clamped to G / r) or more than half of G (no split); one wave holds every tile (T < G, a grid
+# larger than the space file's); one CTA; causal, GQA, seqlen_q != seqlen_k, tails of a key block
+TAIL_SHAPES = [
+    (2, 1000, 1000, 8, 2),
+    (3, 777, 1234, 4, 4),
+    (1, 300, 301, 2, 2),
+    (4, 2048, 256, 16, 4),
+    (1, 100, 351, 1, 1),
+]
+TAIL_GRIDS = (1, 2, 3, 5, 7, 9, 12, 16, 20, 31, 45, 64, 100)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", TAIL)
+def test_the_tail_split_covers_every_key_once_on_any_grid(binaries, name, causal):
+    """Every (query block, key block) a row sees exactly once over the units, each tile split into the count the
+    grid gives (the check derives it from the grid alone), split units numbered after the whole tiles and their
+    partials within G; the unit count is T - r + r s. Each (r, s) case above occurs among the shapes and grids."""
+    built = binaries[2]
+    exe, config = built[name, causal]
+    cases = set()
+    for batch, sq, sk, hq, hkv in TAIL_SHAPES:
+        problem = Problem(batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0])
+        tiles = _tail_units(config, problem, 10**9)[0]
+        for ctas in sorted({*TAIL_GRIDS, tiles - 1, tiles, tiles + 1, 2 * tiles} - {0}):
+            tail, splits, units = _tail_units(config, problem, ctas)
+            run = _run(exe, (ctas * config["cta_mode"], 1, 1), batch, sq, sk, hq, hkv)
+            assert run.returncode == 0 and run.stdout.split()[:2] == ["ok", str(units * config["cta_mode"])], (
+                name,
+                problem.slug(),
+                ctas,
+                run.stdout,
+            )
+            cases.add(
+                "r=0"
+                if not tail
+                else "T<G"
+                if tail == tiles
+                else "clamped"
+                if tail * config["tail_splits"] > ctas
+                else "full"
+                if splits == config["tail_splits"]
+                else "?"
+            )
+            cases.add("split" if splits > 1 else "unsplit")
+    assert cases >= {"r=0", "T<G", "clamped", "full", "split", "unsplit"}, cases
+
+
+def test_the_tail_split_fills_the_last_wave_of_the_measured_gap(binaries):
+    """d64 non-causal B2 H10 N4096 (H200: 428 TFLOPS against cuDNN's 453): 440 tiles of 192 rows on 132 SMs leave
+    44 in the last wave; with tail_splits 3 they are 132 units of a third of the keys each, and the busiest CTA
+    carries 3 + 1/3 tiles' key blocks instead of 4."""
+    space, device, built = binaries
+    exe, config = built["tail3_d64", False]
+    problem = Problem(batch=2, seqlen_q=4096, heads_q=10, head_dim=64)
+    grid = space.launch(config, problem, device).grid
+    assert grid == (132, 1, 1)
+    run = _run(exe, grid, 2, 4096, 4096, 10, 10, "units-only")
+    _, units, max_load, total = run.stdout.split()
+    assert run.returncode == 0 and int(units) == 440 - 44 + 3 * 44
+    assert int(max_load) == 3 * 32 + 32 // 3 + 1 and int(total) == 440 * 32  # 32 key blocks a tile, 11 in a split
+
+
+@pytest.mark.parametrize(
+    "fault, caught",
+    [
+        ("whole_tiles = units - tail;", "whole_tiles = units - tail + 1;"),  # a whole tile numbered among the split
+        (
+            "tail_splits = tail == 0 ? 1 : min(kTailSplits, stride / tail);",
+            "tail_splits = tail == 0 ? 1 : kTailSplits;",
+        ),
+    ],
+    ids=["numbering", "no_clamp"],
+)
+def test_a_broken_tail_split_is_caught(tmp_path, fault, caught):
+    """Planted faults in the scheduler's tail split (a copy of kernel_src with one line changed) fail the check."""
+    src = tmp_path / "kernel_src"
+    shutil.copytree(KERNEL_SRC, src)
+    header = src / "sm90" / "tile_scheduler.cuh"
+    text = header.read_text()
+    assert fault in text
+    header.write_text(text.replace(fault, caught))
+    space, device = load_space("sm90"), limits_for_arch(90)
+    problem = Problem(batch=2, seqlen_q=1000, heads_q=8, heads_kv=2, head_dim=128)
+    config = complete(space, {"tail_splits": 4}, problem, device).config
+    flags = [f"-D{k}={v}" for k, v in space.macros(config, problem, device).items()]
+    exe = tmp_path / "check"
+    subprocess.run(
+        ["nvcc", "-std=c++17", "-O1", "-x", "cu", "-I", str(src), *flags, str(CHECK), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+    )
+    failed = [ctas for ctas in (5, 20, 31) if _run(exe, (ctas, 1, 1), 2, 1000, 1000, 8, 2).returncode != 0]
+    assert failed, "the planted fault went unnoticed"
