@@ -18,14 +18,27 @@ file's order (a knob held at one value is a one-value parameter); its restrictio
 function that admits exactly the configs the sweep holds, so a config outside it is statically infeasible,
 as for flashtune's replay, and Kernel Tuner never sends it to the runner, nor counts it.
 
-Seeding. Kernel Tuner 1.5's strategies draw from two global generators and take no seed: NumPy's
-(``searchspace.get_random_sample``, pso's particles, genetic_algorithm's uniform crossover, and SciPy's
-``basinhopping`` and ``dual_annealing``, given no ``seed``, draw from NumPy's global RandomState; so does
-scikit-learn's GP in bayes_opt) and Python's ``random`` (genetic_algorithm, greedy_ils/mls's neighbour order,
-simulated_annealing, pso, bayes_opt). Before each run the script calls ``random.seed(seed)`` and
-``numpy.random.seed(seed)``, and passes ``seed=seed`` to ``tune_kernel`` (only its pymoo strategies read
-it). Each run is its own call in a fresh worker state, so a (strategy, seed) run gives the same
-evaluations in any process, in any order (``--check-determinism`` runs a few twice to show it).
+Seeding. Kernel Tuner 1.5's strategies take no seed (``tune_kernel``'s ``seed`` reaches only its pymoo
+strategies); they draw from two global generators: NumPy's (``searchspace.get_random_sample``, pso's
+particles, genetic_algorithm's and diff_evo's crossovers, SciPy's ``basinhopping`` and ``dual_annealing``,
+which are given no ``seed``, and scikit-learn's GP in bayes_opt) and Python's ``random`` (genetic_algorithm,
+greedy_ils and the mls family's neighbour order, simulated_annealing, pso, diff_evo). And two use SciPy's
+``LatinHypercube`` with no seed, which draws fresh OS entropy: bayes_opt's initial sample and
+``Searchspace.get_LHS_sample`` (diff_evo's population). The script runs each strategy through a wrapper
+(``_Seeded``) that, after ``tune_kernel``'s set-up and before the strategy's first draw, calls
+``random.seed(seed)`` and ``numpy.random.seed(seed)`` and makes ``LatinHypercube`` take its seed from NumPy's
+seeded generator. The search space's order does not depend on the process (checked). So a (strategy, seed)
+run evaluates the same configs in the same order in any process, after any other runs (checked with
+PYTHONHASHSEED 1 and 2 and the strategies in opposite orders) -- except bayes_opt's default method,
+``multi-ultrafast``: it refits its GP only when the last prediction took less than 5 times the wall-clock
+time of the evaluations since, so where evaluations are cache look-ups its refits follow the machine's
+timing, and a seed's run can differ between two replays. ``bayes_opt:multi-fast`` refits before every
+proposal, as ``multi-ultrafast`` does when evaluations take longer than predictions (a GPU's compile and
+benchmark), and is deterministic.
+
+Starts. Kernel Tuner's strategies start from a random config; ``pattern`` starts from the space's default.
+``NAME+x0`` starts a strategy that takes a start (:data:`X0_STRATEGIES`) from the same default
+(strategy option ``x0``), to show how much of the difference the start is.
 
 Counting. A budget of ``max_fevals`` = ``--budget``: Kernel Tuner's simulation runner counts a config the
 first time it is served from the cache, and stops the strategy when the count reaches it. The evaluations
@@ -126,6 +139,12 @@ STRATEGIES = (
     "random_sample",
 )
 
+#: those that take a start (x0): ``NAME+x0`` starts them from flashtune's default, as ``pattern`` starts
+X0_STRATEGIES = tuple(s for s in STRATEGIES if s.partition(":")[0] not in ("bayes_opt", "random_sample"))
+
+#: repeats in a row after which a Kernel Tuner run is taken as stalled and stopped (:func:`_stop_when_stalled`)
+STALL = 5000
+
 THRESHOLDS = (0.01, 0.02, 0.05)
 CHECKPOINT = 25  # best-so-far after this many evaluations
 KERNEL_NAME = "flashtune_fwd"
@@ -179,6 +198,7 @@ def cache_document(oracle: Oracle) -> dict[str, Any]:
     """The sweep as a Kernel Tuner cache file (what ``tune_kernel(..., cache=FILE)`` reads back)."""
     params = tune_params(oracle)
     p = oracle.problem
+    default = oracle.space.defaults(problem=p, device=oracle.device)
     return {
         "schema_version": "1.0.0",
         "device_name": oracle.device.name or "NVIDIA H200",
@@ -187,6 +207,8 @@ def cache_document(oracle: Oracle) -> dict[str, Any]:
         "tune_params_keys": list(params),
         "tune_params": params,
         "objective": "time",
+        # not Kernel Tuner's: the config flashtune's searches start from, for the ``+x0`` strategies' x0
+        "flashtune_default": [default[name] for name in params],
         "cache": {cache_key(params, c): cache_entry(oracle, c, t) for c, t in feasible(oracle)},
     }
 
@@ -258,16 +280,42 @@ class _Seeded:
     ``tune_kernel``'s set-up (building the search space), so only the strategy's own draws follow the seed."""
 
     def __init__(self, strategy, seed: int):
-        self.strategy, self.seed = strategy, seed
+        self.strategy, self.seed, self.stalled = strategy, seed, False
 
     def tune(self, searchspace, runner, tuning_options):
         import numpy as np
 
         tune = self.strategy.tune  # imports the strategy's module, so that its LatinHypercube can be seeded
         _seed_latin_hypercube()
+        _stop_when_stalled(runner)
         random.seed(self.seed)
         np.random.seed(self.seed)
-        return tune(searchspace, runner, tuning_options)
+        try:
+            return tune(searchspace, runner, tuning_options)
+        finally:
+            self.stalled = runner.stalled
+
+
+def _stop_when_stalled(runner) -> None:
+    """Stop a run, as its budget does (StopCriterionReached, which every strategy catches), once it has asked for
+    :data:`STALL` configs in a row that it had evaluated before. A repeat costs Kernel Tuner nothing and does not
+    count, so a strategy that only revisits never ends: greedy_ils did so on a d128 sweep (millions of repeats,
+    5 GB, for minutes). ``runner.stalled`` says whether the guard stopped the run."""
+    from kernel_tuner.util import StopCriterionReached
+
+    run = runner.run
+    runner.stalled, repeats = False, 0
+
+    def guarded(configs, tuning_options):
+        nonlocal repeats
+        for config in configs:
+            repeats = repeats + 1 if ",".join(map(str, config)) in runner.visited_results else 0
+        if repeats >= STALL:
+            runner.stalled = True
+            raise StopCriterionReached(f"{STALL} evaluated configs asked for again in a row")
+        return run(configs, tuning_options)
+
+    runner.run = guarded
 
 
 def _seed_latin_hypercube() -> None:
@@ -290,21 +338,27 @@ def _seed_latin_hypercube() -> None:
         bayes_opt.LatinHypercube = latin_hypercube
 
 
-def strategy_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``NAME`` or ``NAME:METHOD``: a Kernel Tuner strategy and its strategy_options (``method``: e.g.
-    bayes_opt's acquisition method, basinhopping's local optimizer)."""
+def strategy_spec(spec: str) -> tuple[str, dict[str, Any], bool]:
+    """``NAME[:METHOD][+x0]``: a Kernel Tuner strategy, its strategy_options (``method``: e.g. bayes_opt's
+    acquisition method, basinhopping's local optimizer), and whether it starts from flashtune's default
+    config (strategy option ``x0``; Kernel Tuner's own start is a random config)."""
+    spec, plus, x0 = spec.partition("+")
+    if plus and x0 != "x0":
+        raise ValueError(f"strategy {spec + plus + x0!r}: only +x0 may follow the name")
     name, _, method = spec.partition(":")
-    return name, {"method": method} if method else {}
+    return name, {"method": method} if method else {}, bool(plus)
 
 
-def kt_run(cache: str, spec: str, seed: int, budget: int) -> list[float | None]:
-    """One seeded Kernel Tuner run in simulation mode on ``cache``: its evaluations' TFLOPS in order.
-    ``spec``: a strategy (:func:`strategy_spec`)."""
+def kt_run(cache: str, spec: str, seed: int, budget: int) -> tuple[list[float | None], bool]:
+    """One seeded Kernel Tuner run in simulation mode on ``cache``: its evaluations' TFLOPS in order, and whether
+    it stalled (:func:`_stop_when_stalled`). ``spec``: a strategy (:func:`strategy_spec`)."""
     from constraint import FunctionConstraint
 
     kernel_tuner = import_kernel_tuner()
-    strategy, options = strategy_spec(spec)
+    strategy, options, from_default = strategy_spec(spec)
     document = json.loads(Path(cache).read_text())
+    if from_default:
+        options["x0"] = document["flashtune_default"]
     params = document["tune_params"]
     entries = document["cache"]
     tflops = {k: e["tflops"] for k, e in entries.items()}
@@ -312,6 +366,7 @@ def kt_run(cache: str, spec: str, seed: int, budget: int) -> list[float | None]:
     def in_sweep(*values) -> bool:  # the restriction: exactly the sweep's configs
         return ",".join(map(str, values)) in entries
 
+    seeded = _Seeded(kernel_tuner.interface.strategy_map[strategy], seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results, _ = kernel_tuner.tune_kernel(
@@ -323,33 +378,38 @@ def kt_run(cache: str, spec: str, seed: int, budget: int) -> list[float | None]:
             restrictions=[FunctionConstraint(in_sweep)],
             cache=cache,
             simulation_mode=True,
-            strategy=_Seeded(kernel_tuner.interface.strategy_map[strategy], seed),
+            strategy=seeded,
             strategy_options={"max_fevals": budget, **options},
             quiet=True,
             seed=seed,
         )
-    return kt_values(results, params, tflops)
+    return kt_values(results, params, tflops), seeded.stalled
 
 
-def _kt_task(arguments: tuple) -> tuple[str, list[list[float | None]], list[float]]:
+def _kt_task(arguments: tuple) -> tuple[str, list[list[float | None]], list[float], int]:
     """One strategy's runs, one per seed, in one process (each run seeds the generators afresh)."""
     cache, spec, seeds, budget = arguments
-    runs, seconds = [], []
+    runs, seconds, stalled = [], [], 0
     for seed in seeds:
         start = time.perf_counter()
-        runs.append(kt_run(cache, spec, seed, budget))
+        values, stall = kt_run(cache, spec, seed, budget)
+        runs.append(values)
         seconds.append(time.perf_counter() - start)
-    return spec, runs, seconds
+        stalled += stall
+    return spec, runs, seconds, stalled
 
 
 def kt_runs(cache: Path, specs: Sequence[str], seeds: dict[str, Sequence[int]], budget: int, jobs: int, log):
-    """Every strategy's runs on ``cache``, a strategy per task in ``jobs`` processes: spec -> (runs, seconds)."""
+    """Every strategy's runs on ``cache``, a strategy per task in ``jobs`` processes: spec -> (runs, seconds,
+    stalled runs)."""
     tasks = [(str(cache), spec, list(seeds[spec]), budget) for spec in specs]
     out = {}
     with mp.get_context("spawn").Pool(max(1, min(jobs, len(tasks)))) as pool:
-        for spec, runs, seconds in pool.imap_unordered(_kt_task, tasks):
-            out[spec] = (runs, seconds)
-            log(f"  {spec}: {len(runs)} runs, {sum(seconds):.0f} s, evaluations {[len(r) for r in runs]}")
+        for spec, runs, seconds, stalled in pool.imap_unordered(_kt_task, tasks):
+            out[spec] = (runs, seconds, stalled)
+            log(
+                f"  {spec}: {len(runs)} runs, {sum(seconds):.0f} s, {stalled} stalled, evaluations {[len(r) for r in runs]}"
+            )
     return {spec: out[spec] for spec in specs}
 
 
@@ -360,9 +420,10 @@ def compare_sweep(name: str, args, log) -> dict[str, Any]:
     seeds = {s: range(args.seed_counts.get(s, args.seeds)) for s in args.strategies}
     start = time.perf_counter()
     ours = replay(oracle, ["pattern"], range(args.seeds), args.budget, window=1)
-    rows = {"pattern": {**figures([r.values for r in ours], oracle.best), "seconds": time.perf_counter() - start}}
-    for strategy, (runs, seconds) in kt_runs(cache, args.strategies, seeds, args.budget, args.jobs, log).items():
-        rows[f"kt:{strategy}"] = {**figures(runs, oracle.best), "seconds": sum(seconds)}
+    seconds = time.perf_counter() - start
+    rows = {"pattern": {**figures([r.values for r in ours], oracle.best), "seconds": seconds, "stalled": 0}}
+    for spec, (runs, seconds, stalled) in kt_runs(cache, args.strategies, seeds, args.budget, args.jobs, log).items():
+        rows[f"kt:{spec}"] = {**figures(runs, oracle.best), "seconds": sum(seconds), "stalled": stalled}
     return {
         "sweep": name,
         "study": oracle.study_name,
@@ -402,7 +463,7 @@ def format_sweep(result: dict[str, Any], budget: int) -> str:
         f"{result['sweep']} ({result['study']}): {result['feasible']} feasible configs, best "
         f"{result['best']:.1f} TFLOPS; budget {budget} evaluations",
         f"{'search':<24} {'seeds':>5}  {'to 1% med/p90 (never)':>21}  {'to 2%':>15}  {'to 5%':>15}  "
-        f"{'best@25':>7}  {'evals':>5}  {'s/run':>6}",
+        f"{'best@25':>7}  {'evals':>5}  {'stalled':>7}  {'s/run':>6}",
     ]
 
     def cell(d: dict[str, Any]) -> str:
@@ -411,7 +472,7 @@ def format_sweep(result: dict[str, Any], budget: int) -> str:
     for name, row in result["rows"].items():
         lines.append(
             f"{name:<24} {row['runs']:>5}  {cell(row['to_1%']):>21}  {cell(row['to_2%']):>15}  "
-            f"{cell(row['to_5%']):>15}  {row['best_at_25']:>7.3f}  {_num(row['evaluations']):>5}  "
+            f"{cell(row['to_5%']):>15}  {row['best_at_25']:>7.3f}  {_num(row['evaluations']):>5}  {row['stalled']:>7}  "
             f"{row['seconds'] / row['runs']:>6.1f}"
         )
     lines.append(verdict(result))
