@@ -440,16 +440,19 @@ def best_kt(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def verdict(result: dict[str, Any]) -> str:
-    """Whether ``pattern`` beats Kernel Tuner's best strategy: lower median and lower p90 evaluations to 1%."""
+    """Whether ``pattern`` beats Kernel Tuner's best: a lower median evaluations to 1% than every Kernel Tuner
+    strategy's median, and a lower p90 than every one's p90 (the lowest of each may be two strategies)."""
     rows = result["rows"]
-    best = best_kt(rows)
-    ours, theirs = rows["pattern"]["to_1%"], rows[best]["to_1%"]
-    median = "lower" if ours["median"] < theirs["median"] else "not lower"
-    p90 = "lower" if ours["p90"] < theirs["p90"] else "not lower"
-    beats = "BEATS" if median == p90 == "lower" else "DOES NOT BEAT"
+    kt = [name for name in rows if name.startswith("kt:")]
+    by_median = best_kt(rows)
+    by_p90 = min(kt, key=lambda n: (rows[n]["to_1%"]["p90"], rows[n]["to_1%"]["median"], rows[n]["to_1%"]["never"]))
+    ours = rows["pattern"]["to_1%"]
+    median, p90 = rows[by_median]["to_1%"]["median"], rows[by_p90]["to_1%"]["p90"]
+    beats = ours["median"] < median and ours["p90"] < p90
     return (
-        f"pattern {beats} Kernel Tuner's best here ({best[3:]}): median to 1% {_num(ours['median'])} vs "
-        f"{_num(theirs['median'])} ({median}), p90 {_num(ours['p90'])} vs {_num(theirs['p90'])} ({p90})"
+        f"pattern {'BEATS' if beats else 'DOES NOT BEAT'} Kernel Tuner's best here: median to 1% "
+        f"{_num(ours['median'])} vs {_num(median)} ({by_median[3:]}), p90 {_num(ours['p90'])} vs {_num(p90)} "
+        f"({by_p90[3:]})"
     )
 
 
