@@ -94,6 +94,7 @@ SM90_REPRESENTATIVE = {
     "tail3_static_snake": {"tail_splits": 3, "scheduler": 0},
     "tail2_cluster_persistent": {**CLUSTER, "tail_splits": 2, "persistent": 1, "intra_wg_overlap": 0},
     "tail4_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "tail_splits": 4, "block_n": 64, "persistent": 1, "q_stages": 1},
+    "tail4_three_wgs_pingpong": {**THREE_WGS, "block_n": 64, "pingpong": 1, "persistent": 1, "tail_splits": 4},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -122,7 +123,6 @@ SM90_D64_REPRESENTATIVE = {
         "scheduler": 1,
         "tail_splits": 3,
     },
-    "d64_tail4_pingpong": {**THREE_WGS, "block_n": 64, "pingpong": 1, "persistent": 1, "tail_splits": 4},
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},
 }
