@@ -55,7 +55,7 @@ struct TileScheduler {
   int m_groups, heads, units;
   int unit, stride;
   int cluster, round = 0;
-  int whole_tiles, tail_splits;  // FT_TAIL_SPLITS > 1 only (else unset): tiles [0, whole_tiles) one unit, the rest s each
+  int whole_tiles = 0, tail_splits = 1;  // FT_TAIL_SPLITS > 1: tiles [0, whole_tiles) are one unit, the rest s each
 
   // block = (blockIdx.x, blockIdx.y, blockIdx.z), grid_x = gridDim.x
   __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
