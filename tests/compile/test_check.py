@@ -64,17 +64,18 @@ def test_check_sm80_with_two_samples():
 @nvcc
 @pytest.mark.slow
 def test_check_of_a_space_too_large_to_enumerate_draws_random_points():
-    """sm90 has ~22 million grid points: the static check draws, the default and a sample compile."""
+    """sm90 has tens of millions of grid points: the static check draws, the default and a sample compile. At head dim
+    128, where a few percent of the grid is feasible (at 256 a few in 20,000: too few to be sure of a sample)."""
     require_family("sm90")
     space = load_space("sm90")
     assert space.size() > check.EXHAUSTIVE_LIMIT
-    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=256, dtype="bf16", causal=True)
+    problem = Problem(batch=1, seqlen_q=1, heads_q=1, head_dim=128, dtype="bf16", causal=True)
     out = io.StringIO()
     report = check_space("sm90", problem, limits_for_arch(90), samples=2, jobs=2, out=out)
     assert report.ok, out.getvalue()
-    assert report.default.config == space.defaults(256) and report.default.status == "ok"
+    assert report.default.config == space.defaults(128) and report.default.status == "ok"
     infeasible = [r for r in report.rows if r.status == "infeasible"]
-    assert len(infeasible) > check.DRAWS // 2  # most of the grid does not fit at d256
+    assert len(infeasible) > check.DRAWS // 2  # most of the grid does not fit
     assert len({tuple(r.config.values()) for r in report.rows}) == len(report.rows)
     assert sum(r.status == "ok" for r in report.rows) == 2
     feasible = check.DRAWS + 1 - len(infeasible)  # the default and DRAWS other distinct points were checked
