@@ -216,5 +216,20 @@ def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
     With the GP ranking: a start in every island of the default (each value of a knob no single step changes, with
     its cheapest repair) measured right after the default gives island 16/41 (1 never), decoy 50.5, but the fp16
     sweep 15/15, d128 N 512 6/7 and the held-out GQA sweep 20/20 (not kept); the same starts as
-    restart seeds once stalled give island 27.5-42.5, decoy 23.5 to never, and a design sweep off its target."""
+    restart seeds once stalled give island 27.5-42.5, decoy 23.5 to never, and a design sweep off its target.
+    Re-measured unchanged: 20 seeds give island 21/37 (2 never), decoy 38.5 (3 never), coupled 18/37 (10 seeds:
+    12.5/20); with 17 in flight (10 seeds) island 49.5 (3 never), decoy 47.5 (4 never), coupled 33/53.
+    Also tried, not kept (10 seeds, window 1): a "composite" level, two measured moves from one centre (their
+    knobs apart) made together, the 6-12 of highest summed effect, placed after the jumps: island 22/48, decoy
+    48.5; before them: island 22/46-48, decoy 42.5-46.5 (2-3 never), GP-ranked the same; after the single steps:
+    island 27.5/55, decoy 34 (2 never), coupled 18/28; with a level penalty of 0.01 or 0.02: island 29-34, decoy
+    32.5-40 (3-4 never). A centre's priority from its measurement averaged with the additive model's prediction:
+    island 29/55, decoy 5 never. The surrogate's turn picking the GP's posterior mean over every feasible config
+    (a third of the proposals once stalled): island 16/30 (20 seeds 16/37), decoy 45.5 (20 seeds 30.5, 3 never),
+    but the fp16 sweep 12/34 and d64 bf16 24/28; a fifth once stalled: island 23.5/32, d64 bf16 24/25; taken only
+    when that mean beats the best by a margin of 0 / -0.5 / -1 standard deviation: island 22/38, 22/38, 19/32,
+    decoy 48.5-51.5, and d64 bf16 15/26, 20/24, 24/28 (fp16 9/18, 8.5/21, 12/34). Every value of a short ordered
+    knob (up to 5 values) one step (a reach of at least 2; the pair level two such changes): 20 seeds give island
+    17.5/55 (1 never), decoy 30 (3 never), coupled 14.5/28, but the fp16 sweep with 17 in flight a p90 of 36 (its
+    test's target 35; was 26)."""
     _check(replay(_family(kind), [DEFAULT_SEARCH], FEW_SEEDS, 60), median=20, p90=30, within=60)
