@@ -66,6 +66,20 @@ def test_each_problem_gets_its_winner_and_the_peers_of_the_same_run(tuned):
     assert "cuBLAS GEMM 8192³ 300–300 TFLOPS" in table
 
 
+def test_the_problems_default_config_is_timed_beside_its_winner(tuned):
+    """The table's default column is the config a user gets untuned: the space's defaults for the problem."""
+    suite, url, info = tuned
+    with Worker(handler=HANDLER) as worker:
+        done = bench_suite(worker, info, suite, url, compiler=standin_compile)[0]
+    default = load_space("sm80").defaults(problem=done.problem)
+    assert done.default_tflops == pytest.approx(standin_tflops(default))
+    assert done.default_ratio("cudnn") == pytest.approx(done.default_tflops / 150)
+    assert "| default | default vs cuDNN |" in markdown_table([done], info, suite, url)
+    assert f"| {done.default_tflops:.1f} | {done.default_tflops / 150:.3f} |" in markdown_table(
+        [done], info, suite, url
+    )
+
+
 def test_ablation_times_each_tuned_knob_at_its_default(tuned):
     suite, url, info = tuned
     with Worker(handler=HANDLER) as worker:
@@ -102,4 +116,5 @@ def test_compiling_up_front_in_a_pool_gives_the_same_rows(tuned, tmp_path, monke
         pooled = bench_suite(worker, info, suite, url, ablate=True, compiler=standin_compile, compile_workers=2)
     assert [(r.config, r.tflops, r.ablations) for r in pooled] == [(r.config, r.tflops, r.ablations) for r in serial]
     in_pool = [pid for pid in log.read_text().split() if int(pid) != os.getpid()]
-    assert len(in_pool) == 1 + sum(t is not None for t in pooled[0].ablations.values())  # winner and ablations
+    winner_and_default = 1 if pooled[0].default_tflops == pooled[0].tflops else 2
+    assert len(in_pool) == winner_and_default + sum(t is not None for t in pooled[0].ablations.values())

@@ -5,7 +5,9 @@ For each problem of the suite: the winner of its study on this GPU model is comp
 timed by the GPU worker; then PyTorch SDPA (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION)
 and an 8192³ cuBLAS GEMM are timed by the same worker, right after. With ``ablate`` the winner is
 also timed with each knob that differs from the family's default put back to the default, one
-knob at a time: winner / ablated is what that knob's tuned value is worth on that shape.
+knob at a time: winner / ablated is what that knob's tuned value is worth on that shape. The
+problem's default config (the space's defaults with its rules for this problem and device) is
+timed beside every winner that differs from it, so the table shows what a user gets untuned too.
 """
 
 from __future__ import annotations
@@ -56,10 +58,15 @@ class BenchRow:
     note: str = ""  # why there is no figure, or the check's error
     peers: dict[str, float | None] = field(default_factory=dict)  # peer name -> TFLOPS
     ablations: dict[str, float | None] = field(default_factory=dict)  # knob put back to its default -> TFLOPS
+    default_tflops: float | None = None  # the problem's default config (the winner's figure where they are one)
 
     def ratio(self, peer: str) -> float | None:
         other = self.peers.get(PEERS.get(peer, peer))
         return self.tflops / other if self.tflops and other else None
+
+    def default_ratio(self, peer: str) -> float | None:
+        other = self.peers.get(PEERS.get(peer, peer))
+        return self.default_tflops / other if self.default_tflops and other else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +77,7 @@ class BenchRow:
             "note": self.note,
             "peers": self.peers,
             "ablations": self.ablations,
+            "default_tflops": self.default_tflops,
         }
 
 
@@ -114,6 +122,11 @@ def _time(
     if not result.ok:
         return None, f"{result.status}: {result.detail[:200]}"
     return result.tflops, ""
+
+
+def _default(space: Space, row: BenchRow, device: DeviceLimits) -> dict[str, int]:
+    """The config a user gets untuned for ``row``'s problem on this device."""
+    return space.defaults(problem=row.problem, device=device)
 
 
 def _ablations(space: Space, row: BenchRow, device: DeviceLimits) -> dict[str, dict[str, int]]:
@@ -194,7 +207,11 @@ def _compile_up_front(
         (variant, row.problem)
         for row in rows
         if row.config
-        for variant in [row.config, *(_ablations(space, row, device) if ablate else {}).values()]
+        for variant in [
+            row.config,
+            _default(space, row, device),
+            *(_ablations(space, row, device) if ablate else {}).values(),
+        ]
         if space.check(variant, row.problem, device) is None
     ]
     with cf.ProcessPoolExecutor(max_workers=compile_workers, mp_context=mp.get_context("spawn")) as pool:
@@ -210,9 +227,14 @@ def _measure_row(
     ablate: bool,
     compiler: Callable[..., CompileOutcome],
 ) -> None:
-    """Time ``row``'s config (and its ablations), then ask the worker for the peers' figures."""
+    """Time ``row``'s config, the problem's default (and the ablations), then ask the worker for the peers' figures."""
     if row.config:
         row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
+        default = _default(space, row, device)
+        if default == row.config:
+            row.default_tflops = row.tflops
+        else:
+            row.default_tflops, _ = _time(worker, space, default, row.problem, device, settings, "default", compiler)
         if ablate and row.tflops:
             for name, variant in _ablations(space, row, device).items():
                 row.ablations[name], _ = _time(
@@ -247,6 +269,11 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
     return format(x, fmt) if x else "—"
 
 
+def _heads(p: Problem) -> str:
+    """Query heads, with the KV heads after a colon where they are fewer (GQA)."""
+    return f"{p.heads_q}:{p.heads_kv}" if p.heads_kv != p.heads_q else str(p.heads_q)
+
+
 def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, storage_url: str) -> str:
     """The table BENCHMARKS.md records, with the date, GPU, driver, clock, version and commit above it."""
     commit = _git_commit()
@@ -257,16 +284,18 @@ def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, sto
         + (f" at {commit}" if commit else "")
         + f", studies in {mask_url(storage_url)}.",
         "",
-        "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM "
+        "| default | default vs cuDNN | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r.problem
         lines.append(
-            f"| {p.dtype} | {p.head_dim} | {p.heads_q} | {'yes' if p.causal else 'no'} | {p.seqlen_q} | "
+            f"| {p.dtype} | {p.head_dim} | {_heads(p)} | {'yes' if p.causal else 'no'} | {p.seqlen_q} | "
             f"{p.batch} | {_num(r.tflops)} | {_num(r.peers.get(PEERS['cudnn']))} | "
             f"{_num(r.peers.get(PEERS['fa2']))} | {_num(r.ratio('cudnn'), '.3f')} | "
-            f"{_num(r.ratio('fa2'), '.3f')} | {_num(r.ratio('gemm'), '.3f')} | {r.note} |"
+            f"{_num(r.ratio('fa2'), '.3f')} | {_num(r.ratio('gemm'), '.3f')} | {_num(r.default_tflops)} | "
+            f"{_num(r.default_ratio('cudnn'), '.3f')} | {r.note} |"
         )
     gemm = [r.peers.get(PEERS["gemm"]) for r in rows if r.peers.get(PEERS["gemm"])]
     if gemm:
