@@ -248,7 +248,12 @@ def _measure_row(
 def _row_line(row: BenchRow, i: int, total: int) -> str:
     ours = f"{row.tflops:.1f} TFLOPS" if row.tflops else row.note
     cudnn = row.ratio("cudnn")
-    return f"bench [{i}/{total}] {row.problem.slug()}: {ours}" + (f", {cudnn:.3f}x cuDNN" if cudnn else "")
+    default = row.default_ratio("cudnn")
+    return (
+        f"bench [{i}/{total}] {row.problem.slug()}: {ours}"
+        + (f", {cudnn:.3f}x cuDNN" if cudnn else "")
+        + (f" (default {row.default_tflops:.1f}, {default:.3f}x)" if default else "")
+    )
 
 
 def _git_commit() -> str | None:
