@@ -53,3 +53,55 @@ def test_an_h200_is_served_its_table_and_a_shape_it_lacks_gets_the_default_with_
     config, why = tuned.lookup(space, problem, 90, limits_for_arch(90))
     assert config == space.defaults(problem=problem, device=limits_for_arch(90)) and "no tuned sm90 config" in why
     assert shipped_tuned("NVIDIA B200").tables == {}  # no table shipped: every shape gets its family default
+
+
+# -- a bucket's entry serves the call's batch and heads (the table's buckets see only dtype, head dim, mask, length)
+H200 = limits_for_arch(90)
+
+
+def _table_of(space, entries):
+    from tuner.export import DispatchTable
+    from tuner.serve import TunedConfigs
+
+    table = DispatchTable(
+        family=space.name,
+        knobs=tuple(k.name for k in space.knobs),
+        default=space.defaults(),
+        head_dim_defaults=tuple(
+            (d, space.defaults(d)) for d in space.family.head_dims if space.defaults(d) != space.defaults()
+        ),
+        entries=tuple(entries),
+    )
+    return TunedConfigs(tables={space.name: table}, source="test.json")
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=64),  # few units: split-KV
+        Problem(batch=2, seqlen_q=4096, heads_q=10, head_dim=64),  # a last wave under half full: the tail split
+        Problem(batch=24, seqlen_q=640, heads_q=16, head_dim=64, causal=True),  # causal d64: 2 warpgroups
+    ],
+    ids=lambda p: p.slug(),
+)
+def test_a_kept_default_gives_way_to_the_calls_own_default_with_its_rules(problem):
+    space = load_space("sm90")
+    plain = space.defaults(problem.head_dim, 90)
+    own = space.defaults(problem=problem, device=H200)
+    assert own != plain, "the problem must be one a [[defaults]] rule changes"
+    tuned = _table_of(space, [(problem.dtype, problem.head_dim, bool(problem.causal), 8192, plain)])
+    assert tuned.lookup(space, problem, 90, H200) == (own, None)
+    assert tuned.lookup(space, problem, 90) == (plain, None)  # without the device: what the header's select() gives
+
+
+def test_a_tuned_winner_serves_where_it_runs_and_gives_way_where_it_cannot():
+    space = load_space("sm90")
+    few = Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=128)
+    winner = {**space.defaults(problem=few, device=H200), "rescale_slack": 4}
+    assert winner["kv_splits"] > 1 and space.check(winner, few, H200) is None
+    tuned = _table_of(space, [("fp16", 128, False, 2048, winner)])
+    assert tuned.lookup(space, few, 90, H200) == (winner, None)
+    many = Problem(batch=16, seqlen_q=2048, heads_q=32, head_dim=128)
+    config, why = tuned.lookup(space, many, 90, H200)
+    assert config == space.defaults(problem=many, device=H200) and config["kv_splits"] == 1
+    assert "cannot run batch 16 x 32 heads" in why and "kv_splits" in why

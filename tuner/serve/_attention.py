@@ -70,7 +70,8 @@ class AttentionError(FlashtuneError, ValueError):
 
 
 class AutoConfigWarning(UserWarning):
-    """``config="auto"`` serves a family default where no tuned config covers the call (once per plan)."""
+    """``config="auto"`` serves a family default where no tuned config covers the call, or where the tuned one
+    cannot run its shape (once per plan)."""
 
 
 # -- the caches: keyed on file contents, not names ------------------------------------------------

@@ -8,6 +8,10 @@ storage); :meth:`DispatchTable.select` is the header's ``select()`` in Python:
 
 - among the tuned entries of the same (dtype, head_dim, causal), the one with the smallest
   tuned query length at or above the call's ``seqlen_q``; above the largest, the largest;
+- at run time, where the device is known, the entry serves the call's batch and heads as well: an
+  entry that is the plain default (its study kept the default) gives way to the call's own default,
+  the space's ``[[defaults]]`` rules for its size included (split-KV for few units, the tail split),
+  and a tuned winner that cannot run the call's shape gives way to that default, with a warning;
 - no entry for (dtype, head_dim, causal): the family's default config for that head dim, and
   :meth:`TunedConfigs.lookup` says so (``tuner.attention`` warns once per launch plan);
 - a table of the user's that holds no configs of the call's family is refused (one line): it was
@@ -82,7 +86,8 @@ class TunedConfigs:
     ) -> tuple[Config, str | None]:
         """(config, None) for a tuned entry; (the family default, why) where the table has none for the
         problem's (dtype, head dim, mask): the table's, unless the space gives the device's ``arch`` a default
-        of its own. A user's table without ``space``'s family raises :class:`TunedError`."""
+        of its own. Given the ``device``, a tuned entry is made to serve the problem's batch and heads too
+        (:meth:`_for_problem`). A user's table without ``space``'s family raises :class:`TunedError`."""
         table = self.tables.get(space.name)
         if table is None:
             if self.tables and not self.shipped:
@@ -109,13 +114,36 @@ class TunedConfigs:
                 "the dispatch header and JSON again"
             ) from None
         if table.covers(problem.dtype, problem.head_dim, bool(problem.causal)):
-            return config, None
+            if device is None:  # the dispatch header's choice, as its select() makes it
+                return config, None
+            return self._for_problem(space, config, problem, device)
         if device is not None:  # the problem's default on this device (its arch's, its [[defaults]] rules)
             config = space.defaults(problem=problem, device=device)
         elif space.defaults(problem.head_dim, arch) != space.defaults(problem.head_dim):
             config = space.defaults(problem.head_dim, arch)  # the plain default does not build well there
         return config, (
             f"{self.source} has no tuned {space.name} config for {_bucket(problem)}; the family default serves it"
+        )
+
+    def _for_problem(
+        self, space: Space, config: Config, problem: Problem, device: DeviceLimits
+    ) -> tuple[Config, str | None]:
+        """The bucket's tuned ``config`` made to serve ``problem`` on ``device``, whose batch and heads the
+        bucket does not see. An entry that is the head dim's plain default was a study's default kept (no
+        config beat it beyond noise at the tuned shape): the call gets its own problem's default, with the
+        space's ``[[defaults]]`` rules for its size (split-KV where the units are few, the tail split, the
+        warpgroups by waves), as a call without ``config`` does. A tuned winner is served as it is where it
+        can run the problem; where it cannot (a split-KV winner of a shape with fewer units), the problem's
+        default serves, and the reason says why."""
+        if config == space.defaults(problem.head_dim, device.arch):
+            return space.defaults(problem=problem, device=device), None
+        reason = space.check(config, problem, device)
+        if reason is None:
+            return config, None
+        return space.defaults(problem=problem, device=device), (
+            f"{self.source}'s tuned {space.name} config for {_bucket(problem)} at {problem.seqlen_q} queries "
+            f"cannot run batch {problem.batch} x {problem.heads_q} heads ({reason}); the default of this shape "
+            "serves it"
         )
 
 
