@@ -46,7 +46,7 @@ LOG = "measure_sweeps.log"  # every sweep's output, appended (DIR then holds 7 f
 
 #: estimated configs/s end to end on one H200 with 15 compile workers (BENCHMARKS.md sessions 5-6: 12.6-14 at
 #: d128 on a warm CuPy; d64 builds a little faster, d256 slower, and the 16k GQA kernel takes ~4 ms a launch)
-RATE = {"sm90_sweep_d64": 14.0, "sm90_sweep_d128": 12.0, "sm90_sweep_d256": 9.0}
+RATE = {"sm90_sweep_d64": 14.0, "sm90_sweep_d64b": 14.0, "sm90_sweep_d128": 12.0, "sm90_sweep_d256": 9.0}
 START_UP_S = 8.0  # per sweep: Python, imports, GPU worker, first compiles
 COLD_CUPY_S = 25.0  # once per new machine: CuPy compiles its kernels (BENCHMARKS.md session 5)
 
@@ -116,6 +116,13 @@ SWEEPS = (
         "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
         held_out=True,
         rate=9.0,
+    ),
+    Sweep(
+        "d64-fp16-full-b16-h12-n1536",
+        "sm90_sweep_d64b",
+        _flags("fp16", 64, False, 16, 1536, 12),
+        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
+        held_out=True,
     ),
 )
 BY_NAME = {s.name: s for s in SWEEPS}
