@@ -85,7 +85,7 @@ INSTALL = (
     "and run with PYTHONPATH=/tmp/ktsite"
 )
 
-#: the seven exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data)
+#: the eight exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data)
 SWEEPS = {
     "small-fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small", "sm90_small.toml"),
     "small-bf16-full-n2048": (
@@ -117,6 +117,11 @@ SWEEPS = {
         "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
         "grid-d128-bf16-causal-gqa28x4-n16384",
         "sweep_spaces/sm90_sweep_d128.toml",
+    ),
+    "d64b-fp16-full-b16-h12-n1536": (
+        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
+        "grid-d64-fp16-full-b16-h12-n1536",
+        "sweep_spaces/sm90_sweep_d64b.toml",
     ),
 }
 

@@ -86,7 +86,7 @@ def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(store
     _check(replay(stored, [DEFAULT_SEARCH], SEEDS, 50, window=17), median=25, p90=35, within=50)
 
 
-#: the five sweeps of tests/data/README.md measured apart from the two above: (file, study, space file, held out);
+#: the six sweeps of tests/data/README.md measured apart from the two above: (file, study, space file, held out);
 #: the held-out ones were scored once, after the search was designed on the others
 SWEEPS = {
     "d64-fp16-causal-n4096": ("h200_sweep_d64_fp16_causal_n4096.db", "grid-d64-fp16-causal-n4096", "d64", False),
@@ -104,7 +104,24 @@ SWEEPS = {
         "d128",
         True,
     ),
+    "d64b-fp16-full-b16-h12-n1536": (
+        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
+        "grid-d64-fp16-full-b16-h12-n1536",
+        "d64b",
+        True,
+    ),
 }
+#: held-out sweeps whose window-1 target the search misses, with the figure of their one scoring
+MISSED = {
+    "d64b-fp16-full-b16-h12-n1536": "held out, scored once: median 25, p90 25 (every seed 25); best after 25 0.992. "
+    "The best is three knobs from the default (block_n 96, ping-pong on, the static scheduler), 6 configs within 1%"
+}
+
+
+def _sweep_params(names):
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=MISSED[n])) if n in MISSED else n for n in names
+    ]
 
 
 def _oracle(name: str):
@@ -117,11 +134,12 @@ def _oracle(name: str):
     return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, space)
 
 
-@pytest.mark.parametrize("name", sorted(SWEEPS))
+@pytest.mark.parametrize("name", _sweep_params(sorted(SWEEPS)))
 def test_every_new_sweep_within_1_percent_in_a_median_of_20_and_p90_of_30_held_out_included(name):
     """Window 1, 20 seeds: median <= 20, p90 <= 30, every seed within 50, best-so-far >= 0.99 of the best after
     25 evaluations (median over seeds). Measured (tests/data/README.md): d64 causal 3.5/6, d64 bf16 15/26,
-    d128 N 512 4/5; held out, scored once per change: d256 1/1 (its default is within 1% of the best), GQA 5/6."""
+    d128 N 512 4/5; held out, scored once per change: d256 1/1 (its default is within 1% of the best), GQA 5/6;
+    held out, scored once: d64 fp16 B16 H12 N1536 25/25 (not met: MISSED)."""
     oracle = _oracle(name)
     runs = replay(oracle, [DEFAULT_SEARCH], SEEDS, 50)
     _check(runs, median=20, p90=30, within=50)
@@ -130,8 +148,8 @@ def test_every_new_sweep_within_1_percent_in_a_median_of_20_and_p90_of_30_held_o
 
 @pytest.mark.parametrize("name", sorted(STORED) + sorted(SWEEPS))
 def test_every_sweep_with_17_in_flight_within_1_percent_in_a_median_of_30(name):
-    """Compile-ahead window 17, 20 seeds: median <= 30 on all seven sweeps. Measured: fp16 23, bf16 21, d64
-    causal 4, d64 bf16 11, d128 N 512 7; held out: d256 1, GQA 4."""
+    """Compile-ahead window 17, 20 seeds: median <= 30 on all eight sweeps. Measured: fp16 23, bf16 21, d64
+    causal 4, d64 bf16 11, d128 N 512 7; held out: d256 1, GQA 4, d64 fp16 N1536 28 (p90 31)."""
     hits = _hits(replay(_oracle(name), [DEFAULT_SEARCH], SEEDS, 50, window=17))
     assert statistics.median(hits) <= 30, sorted(hits)
 
