@@ -177,7 +177,7 @@ static_assert(kPvSplit % 16 == 0 && kPvSplit >= 0 && kPvSplit < kBlockN,
 static_assert(kPvSplit == 0 || !kIntraWgOverlap,
               "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
 static_assert(FT_P_SMEM == 0 || FT_P_SMEM == 1, "p_smem: 0 or 1");
-static_assert(!kPSmem || kPvSplit == 0, "p_smem writes all of P before O += P V reads it: pv_split 0 (p_smem_pv_split)");
+static_assert(!kPSmem || kPvSplit == 0, "p_smem writes all of P before O += P V reads it, so pv_split cannot split that GEMM: set pv_split=0 or p_smem=0");
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
 static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");
