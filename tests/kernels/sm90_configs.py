@@ -150,6 +150,15 @@ SM90_D64_REPRESENTATIVE = {
         "p_smem": 1,
     },
     "d64_p_smem_three_wgs_bn144_overlapped": {**THREE_WGS, "block_n": 144, "p_smem": 1},
+    "d64_p_smem_three_wgs_serial_bn176_dynamic_split3": {  # the widest p_smem tile beside the merge
+        **THREE_WGS,
+        "block_n": 176,
+        "intra_wg_overlap": 0,
+        "p_smem": 1,
+        "persistent": 1,
+        "scheduler": 1,
+        "kv_splits": 3,
+    },
 }
 # sm90 at head dim 256 (its default has block_n 80): the code paths that still fit beside a 64 KB Q tile
 SM90_D256_REPRESENTATIVE = {

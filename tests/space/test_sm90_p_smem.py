@@ -87,3 +87,14 @@ def test_the_config_header_refuses_it_too(space, tmp_path):
     refused = build(config)
     assert refused.returncode != 0 and "set pv_split=0 or p_smem=0" in refused.stderr, refused.stderr[-2000:]
     assert build({**config, "pv_split": 0}).returncode == 0
+
+
+def test_a_split_merge_beside_fa3s_tile_is_refused(space):
+    """ptxas spills 8 B building the 192-key serial tile with the split merge (kv_splits or tail_splits), none
+    at 176 keys."""
+    for split in ({"kv_splits": 3}, {"tail_splits": 3}):
+        fa3 = _config(space, **THREE_WGS, block_n=192, intra_wg_overlap=0, p_smem=1, scheduler=1, **split)
+        names = [r.split(":", 1)[0] for r in space.violations(fa3, _problem(), H200)]
+        assert "consumer_registers" in names, names
+        names = [r.split(":", 1)[0] for r in space.violations({**fa3, "block_n": 176}, _problem(), H200)]
+        assert "consumer_registers" not in names, names
