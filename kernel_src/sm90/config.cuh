@@ -50,6 +50,9 @@
 #ifndef FT_PV_SPLIT
 #define FT_PV_SPLIT 0  // keys of P sent to O += P V before the rest of P is exponentiated (0 = off)
 #endif
+#ifndef FT_P_SMEM
+#define FT_P_SMEM 0  // 1: P goes through shared memory and O += P V reads it there (wgmma ss, FA3's d64 tile)
+#endif
 #ifndef FT_CTA_MODE
 #define FT_CTA_MODE 1  // 1: CTAs alone; 2: clusters of 2 CTAs along M sharing K/V by TMA multicast
 #endif
@@ -122,6 +125,7 @@ constexpr int kConsumerRegs = FT_CONSUMER_REGS;
 constexpr bool kIntraWgOverlap = FT_INTRA_WG_OVERLAP != 0;
 constexpr bool kPingPong = FT_PINGPONG != 0;
 constexpr int kPvSplit = FT_PV_SPLIT;
+constexpr bool kPSmem = FT_P_SMEM != 0;
 constexpr int kClusterCtas = FT_CTA_MODE;
 constexpr bool kPersistent = FT_PERSISTENT != 0;
 constexpr int kCtasPerSm = FT_CTAS_PER_SM;
@@ -172,6 +176,8 @@ static_assert(kPvSplit % 16 == 0 && kPvSplit >= 0 && kPvSplit < kBlockN,
               "pv_split: 0 or a multiple of 16 below block_n (whole k-steps of O += P V in each part)");
 static_assert(kPvSplit == 0 || !kIntraWgOverlap,
               "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
+static_assert(FT_P_SMEM == 0 || FT_P_SMEM == 1, "p_smem: 0 or 1");
+static_assert(!kPSmem || kPvSplit == 0, "p_smem writes all of P before O += P V reads it, so pv_split cannot split that GEMM: set pv_split=0 or p_smem=0");
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");
 static_assert(kPolyExp >= 0 && kPolyExp <= 8, "poly_exp: 0 to 8 of every 8 exponentials");
 static_assert(kKvBoxRows % 8 == 0, "each CTA's share of a K/V tile must be whole 8-row swizzle atoms");

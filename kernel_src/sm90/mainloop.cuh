@@ -176,8 +176,40 @@ struct Consumer {
                                            const KvState& st) const {
     const uint32_t v_base = ptx::smem_addr(smem.v[st.index]);
 #pragma unroll
-    for (int kk = kBegin; kk < kEnd; ++kk)
-      ptx::Wgmma<kHeadDim>::template rs<kIsBf16, 1>(o, p[kk], v_desc(v_base, kk), 1);
+    for (int kk = kBegin; kk < kEnd; ++kk) {
+      if constexpr (kPSmem) {  // P from this warpgroup's tile, written by store_p
+#if FT_P_SMEM
+        const uint32_t p_base = ptx::smem_addr(smem.p[wg]);
+        ptx::Wgmma<kHeadDim>::template ss<kIsBf16, 0, 1>(o, p_desc(p_base, kk), v_desc(v_base, kk), 1);
+#endif
+      } else {
+        ptx::Wgmma<kHeadDim>::template rs<kIsBf16, 1>(o, p[kk], v_desc(v_base, kk), 1);
+      }
+    }
+  }
+
+  // p_smem: P (the exponentiated S) as 16-bit pairs into this warpgroup's tile, each thread its
+  // accumulator positions (rows 16 warp + lane / 4 (+8), keys 16 kk + 8 h + 2 (lane % 4)), so no
+  // P register outlives its pack. Called only once the wgmma that read the previous P completed
+  // (wgmma_wait<0>: no write-after-read race). The stores are made visible to the async proxy, then
+  // the warpgroup's 128 threads meet on a named barrier before any issues the wgmma: FA3 gets by
+  // with __syncwarp, since each warp's rows feed only its own accumulator rows, but the PTX model
+  // gives wgmma's operand reads no per-warp ordering, so the barrier is the conservative choice.
+  __device__ __forceinline__ void store_p(const float (&s)[kSRegs]) const {
+#if FT_P_SMEM
+    const uint32_t p_base = ptx::smem_addr(smem.p[wg]);
+    const int row = 16 * warp + lane / 4;
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = 16 * kk + 8 * (r >> 1) + 2 * (lane % 4);
+        ptx::st_shared_b32(p_base + swizzled_offset(row + 8 * (r & 1), col, kWgRows),
+                           ptx::pack2<kIsBf16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]));
+      }
+    ptx::fence_proxy_async_smem();
+    named_barrier_sync(barrier_id(BarrierId::kPTile0, wg), 128);
+#endif
   }
 
   // This warp is done reading the stage: tell the producer(s) that write into it.
@@ -288,7 +320,7 @@ struct Consumer {
     end_gemm_turn();
     ptx::wgmma_wait<0>();
     ptx::fence_operands(o);
-    ptx::fence_operands(p);
+    if constexpr (!kPSmem) ptx::fence_operands(p);
     release_v(st);
   }
   __device__ __forceinline__ void pv_gemm(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4], const KvState& st) const {
@@ -307,6 +339,13 @@ struct Consumer {
       float o_scale[2];
       if (softmax.update_max(s, o_scale)) rescale_o(o, o_scale);
       uint32_t p[kPvSteps][4];
+      if constexpr (kPSmem) {  // all of P to shared memory, then O += P V from there (pv_split is 0)
+        softmax.exponentiate(s);
+        store_p(s);
+        pv_gemm(o, p, st);
+        st.advance();
+        continue;
+      }
       softmax.template exponentiate<0, 8 * kPvFirstSteps>(s);  // 8 accumulator values per k-step
       convert_p<kSRegs, 0, kPvFirstSteps>(s, p);
       pv_gemm(o, p, st, [&] {
@@ -330,7 +369,10 @@ struct Consumer {
       float o_scale[2];
       softmax.update_max(s, o_scale);
       softmax.exponentiate(s);
-      convert_p(s, p);
+      if constexpr (kPSmem)
+        store_p(s);
+      else
+        convert_p(s, p);
     }
     for (--n; n >= blk.n_block_min(); --n) {
       const KvState prev = st;
@@ -357,10 +399,13 @@ struct Consumer {
 
       ptx::wgmma_wait<0>();
       ptx::fence_operands(o);
-      ptx::fence_operands(p);
+      if constexpr (!kPSmem) ptx::fence_operands(p);
       release_v(prev);
       if (rescale) rescale_o(o, o_scale);
-      convert_p(s, p);
+      if constexpr (kPSmem)
+        store_p(s);  // P_{j-1} V_{j-1} completed above: its tile may be overwritten
+      else
+        convert_p(s, p);
     }
     // last P.V
     pv_gemm(o, p, st);

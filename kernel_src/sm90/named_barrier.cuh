@@ -16,6 +16,10 @@ enum class BarrierId : uint32_t {
   kEpilogue0 = 4,
   kEpilogue1 = 5,
   kEpilogue2 = 6,
+  // p_smem: consumer warpgroup w's P tile is written (its 128 threads): kPTile0 + w.
+  kPTile0 = 7,
+  kPTile1 = 8,
+  kPTile2 = 9,
 };
 
 __device__ __forceinline__ uint32_t barrier_id(BarrierId base, int offset) {

@@ -19,6 +19,7 @@ constexpr int kRowBytes = kPanelCols * 2;           // 128
 constexpr int kSwizzleAtomBytes = 8 * kRowBytes;    // 1024: 8 rows of 128 bytes
 constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
 constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
+constexpr int kPCols = (kBlockN + kPanelCols - 1) / kPanelCols * kPanelCols;  // block_n padded to whole panels
 
 // The base is aligned to 1024 bytes by the kernel; every tile size is a multiple of 1024.
 struct SharedStorage {
@@ -27,6 +28,11 @@ struct SharedStorage {
   elem_t q[kQStages][kBlockM * kHeadDim];
   elem_t k[kKvStages][kBlockN * kHeadDim];
   elem_t v[kKvStages][kBlockN * kHeadDim];
+#if FT_P_SMEM
+  // P of consumer warpgroup w (64 rows x kPCols keys, K-major A operand of O += P V), swizzled
+  // like Q; absent with p_smem 0, so that layout is unchanged
+  elem_t p[kConsumerWgs][kWgRows * kPCols];
+#endif
   RingBarriers<kKvStages> k_ring;  // with kv_barriers = 1: the barriers of K and V together
   RingBarriers<kKvStages> v_ring;  // unused with kv_barriers = 1
   // full: the stage's Q landed (a unit without key blocks: the stage is free); empty: every
@@ -50,6 +56,11 @@ __device__ __forceinline__ uint32_t kmajor_k_offset(int kk, int rows) {
 // A = Q rows of consumer warpgroup `wg` (64 x kHeadDim, K-major) of the stage at q_base, k-step kk.
 __device__ __forceinline__ uint64_t q_desc(uint32_t q_base, int wg, int kk) {
   return ptx::smem_desc(q_base + wg * kWgRows * kRowBytes + kmajor_k_offset(kk, kBlockM), 16, kSwizzleAtomBytes);
+}
+
+// A = P tile of a consumer warpgroup (64 x kPCols, K-major) at p_base, k-step kk (16 keys).
+__device__ __forceinline__ uint64_t p_desc(uint32_t p_base, int kk) {
+  return ptx::smem_desc(p_base + kmajor_k_offset(kk, kWgRows), 16, kSwizzleAtomBytes);
 }
 
 // B = K tile (kBlockN keys x kHeadDim, K-major: N = keys), k-step kk.

@@ -170,6 +170,8 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "wgs2_bn176": {"persistent": 1, **two_wgs, "block_n": 176},
             "wgs2_one_per_block": two_wgs,
             "one_per_block_bn176": {"block_n": 176},
+            # P in shared memory (wgmma ss for O += P.V): 2 consumer warpgroups, the overlapped loop
+            "p_smem_wgs2": {"persistent": 1, **two_wgs, "p_smem": 1},
         }
     )
     if head_dim == 64:
@@ -182,6 +184,10 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                 "wgs3_serial_bn160_poly2": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "poly_exp": 2},
                 "ctas2_poly2": {"poly_exp": 2, **ctas2},
                 "ctas2_bn192": {**ctas2, "block_n": 192},
+                # FA3's d64 tile: 192 x 192, 3 warpgroups of 160 registers, P in shared memory, serial loop; the
+                # same with the overlapped loop at its widest spill-free block_n (144)
+                "p_smem": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1},
+                "p_smem_bn144": {**wgs3, "block_n": 144, "p_smem": 1},
             }
         )
     else:

@@ -11,6 +11,7 @@ makes each problem's inputs and reference once and checks every config on them.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -91,7 +92,15 @@ def covering_configs(space, device, head_dim, seed=0):
                 if all(space.check(c, p, device) is None for p in probes):
                     chosen.append(c)
                     break
-    return chosen
+    return only_matching(chosen)
+
+
+def only_matching(configs: list[dict]) -> list[dict]:
+    """FLASHTUNE_MATRIX_ONLY="knob=value,...": only the configs with those values (to check one new knob's
+    configs on a GPU without the whole matrix); unset: all of them."""
+    wanted = os.environ.get("FLASHTUNE_MATRIX_ONLY", "")
+    pairs = [item.split("=", 1) for item in wanted.split(",") if item]
+    return [c for c in configs if all(str(c.get(k)) == v for k, v in pairs)]
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,12 @@ SM90_REPRESENTATIVE = {
     "tail2_cluster_persistent": {**CLUSTER, "tail_splits": 2, "persistent": 1, "intra_wg_overlap": 0},
     "tail4_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "tail_splits": 4, "block_n": 64, "persistent": 1, "q_stages": 1},
     "tail4_three_wgs_pingpong": {**THREE_WGS, "block_n": 64, "pingpong": 1, "persistent": 1, "tail_splits": 4},
+    # P through shared memory (wgmma ss for O += P V): the overlapped loop, the serial one with ping-pong, the
+    # dynamic scheduler in a persistent CTA, a cluster
+    "p_smem": {"p_smem": 1},
+    "p_smem_serial_pingpong": {"p_smem": 1, "intra_wg_overlap": 0, "pingpong": 1},
+    "p_smem_dynamic": {"p_smem": 1, "persistent": 1, "scheduler": 1},
+    "p_smem_cluster_serial": {**CLUSTER, "p_smem": 1, "intra_wg_overlap": 0},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
@@ -125,6 +131,34 @@ SM90_D64_REPRESENTATIVE = {
     },
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},
+    # p_smem: FA3's 192 x 192 tile (serial loop: no P registers), with the dynamic scheduler; 176 keys (a padded
+    # P panel) with ping-pong; the overlapped loop's widest spill-free tile of 3 warpgroups (144 keys)
+    "d64_p_smem_fa3_tile": {**THREE_WGS, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1},
+    "d64_p_smem_fa3_tile_dynamic": {
+        **THREE_WGS,
+        "block_n": 192,
+        "intra_wg_overlap": 0,
+        "p_smem": 1,
+        "persistent": 1,
+        "scheduler": 1,
+    },
+    "d64_p_smem_three_wgs_bn176_serial_pingpong": {
+        **THREE_WGS,
+        "block_n": 176,
+        "intra_wg_overlap": 0,
+        "pingpong": 1,
+        "p_smem": 1,
+    },
+    "d64_p_smem_three_wgs_bn144_overlapped": {**THREE_WGS, "block_n": 144, "p_smem": 1},
+    "d64_p_smem_three_wgs_serial_bn176_dynamic_split3": {  # the widest p_smem tile beside the merge
+        **THREE_WGS,
+        "block_n": 176,
+        "intra_wg_overlap": 0,
+        "p_smem": 1,
+        "persistent": 1,
+        "scheduler": 1,
+        "kv_splits": 3,
+    },
 }
 # sm90 at head dim 256 (its default has block_n 80): the code paths that still fit beside a 64 KB Q tile
 SM90_D256_REPRESENTATIVE = {
@@ -139,6 +173,7 @@ SM90_D256_REPRESENTATIVE = {
     "d256_persistent_one_q_stage_split2": {"persistent": 1, "q_stages": 1, "kv_splits": 2},
     "d256_persistent_one_q_stage_tail4": {"persistent": 1, "q_stages": 1, "tail_splits": 4},
     "d256_one_wg_dynamic": {**ONE_WG, "block_n": 64, "persistent": 1, "scheduler": 1},
+    "d256_p_smem_block_n_64": {"block_n": 64, "p_smem": 1},  # 80 keys' P tiles do not fit beside the rings
 }
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
 #: at every head dim where they are feasible (missing knobs: that head dim's defaults)

@@ -86,7 +86,7 @@ def test_sm90_every_tail_splits_value_builds_without_spills(head_dim):
             assert not kernel.resources.spills, (splits, problem.slug(), kernel.resources)
 
 
-LATER_KNOBS = ("tail_splits",)
+LATER_KNOBS = ("tail_splits", "p_smem")
 
 
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
@@ -102,7 +102,9 @@ def test_sampled_feasible_configs_build_without_spills(family):
     while len(built) < 6:
         problem = _problem(rng.choice(space.family.head_dims), rng.choice(space.family.dtypes), rng.random() < 0.5)
         config = {k.name: rng.choice(k.values) for k in space.knobs if k.name not in LATER_KNOBS}
-        for k in (k for k in space.knobs if k.name in LATER_KNOBS):
+        later_knobs = [space.knob(name) for name in LATER_KNOBS if name in {k.name for k in space.knobs}]
+        config.update({k.name: k.default for k in later_knobs})  # each is drawn beside the others' defaults
+        for k in later_knobs:
             config[k.name] = later.choice(k.values)
             if space.check(config, problem, device) is not None:
                 config[k.name] = k.default
