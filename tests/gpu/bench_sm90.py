@@ -188,6 +188,12 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                 # same with the overlapped loop at its widest spill-free block_n (144)
                 "p_smem": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1},
                 "p_smem_bn144": {**wgs3, "block_n": 144, "p_smem": 1},
+                "p_smem_serial_bn160": {
+                    **wgs3,
+                    "block_n": 160,
+                    "intra_wg_overlap": 0,
+                    "p_smem": 1,
+                },  # beside wgs3_serial_bn160
             }
         )
     else:
