@@ -194,6 +194,17 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                     "intra_wg_overlap": 0,
                     "p_smem": 1,
                 },  # beside wgs3_serial_bn160
+                # the same persistent, as the default is (the variants not named persistent run one CTA per block)
+                "p_smem_persistent": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1, "persistent": 1},
+                "p_smem_bn144_persistent": {**wgs3, "block_n": 144, "p_smem": 1, "persistent": 1},
+                "wgs3_serial_bn160_persistent": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
+                "p_smem_serial_bn160_persistent": {
+                    **wgs3,
+                    "block_n": 160,
+                    "intra_wg_overlap": 0,
+                    "p_smem": 1,
+                    "persistent": 1,
+                },
             }
         )
     else:
