@@ -106,11 +106,11 @@ def test_a_dynamic_scheduler_config_says_the_kernel_needs_a_tile_counter(storage
 
 def test_a_split_kv_config_says_what_workspace_the_kernel_needs(storage_url, tmp_path):
     """sm90 with kv_splits > 1 takes split-KV's counters and partials: the header gives their sizes for the study's
-    shape and the rules for others; with kv_splits = 1 it says nothing of them."""
+    shape and the rules for others; with neither split-KV nor the tail split it says nothing of them."""
     import dataclasses
 
     chosen = choose(make_study(storage_url, "sm90-split", "sm90", PROBLEM, n_trials=4, seed=3))
-    plain = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 1})
+    plain = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 1, "tail_splits": 1})
     split = dataclasses.replace(chosen, config={**chosen.config, "kv_splits": 2})
     assert "split_counters" not in render_header(plain, storage_url=storage_url, now=NOW)
     text = render_header(split, storage_url=storage_url, now=NOW)
