@@ -226,3 +226,33 @@ def test_cli_dispatch_errors(studies, storage_url, capsys):
     assert "no flashtune study" in _error(capsys)
     assert main(["export", "--dispatch", "--storage", storage_url]) == 2
     assert "--dispatch needs" in _error(capsys)
+
+
+def test_the_json_says_which_entries_are_their_studys_kept_default(families):
+    """An entry whose re-timing kept the default is marked kept_default in the JSON and reads back so; a JSON of
+    format 1 (no kept_default) reads back as not saying; a table marking only some entries is refused."""
+    import dataclasses
+
+    from tuner.export import DispatchFamily, TableError, table_from_json
+
+    family = next(f for f in families if f.space.name == FAMILY)
+    first, *rest = family.entries
+    kept = dataclasses.replace(first, chosen=dataclasses.replace(first.chosen, beats_default=False))
+    won = [dataclasses.replace(e, chosen=dataclasses.replace(e.chosen, beats_default=True)) for e in rest]
+    data = DispatchFamily(space=family.space, entries=(kept, *won)).table().to_json()
+    assert [e["kept_default"] for e in data["entries"]] == [True] + [False] * len(won)
+    table = table_from_json(data, "test.json")
+    assert table.kept_defaults == {kept.key}
+    assert table.kept_default(first.dtype, first.head_dim, first.causal, first.seqlen) is True
+    assert all(table.kept_default(e.dtype, e.head_dim, e.causal, e.seqlen) is False for e in won)
+    assert table.kept_default("fp16", 77, False, 512) is None  # no entry of that head dim: the default, unsaid
+
+    older = {**data, "entries": [{k: v for k, v in e.items() if k != "kept_default"} for e in data["entries"]]}
+    assert table_from_json(older, "old.json").kept_defaults is None
+    assert table_from_json(older, "old.json").kept_default(first.dtype, first.head_dim, first.causal, 512) is None
+    mixed = {**data, "entries": [older["entries"][0], *data["entries"][1:]]}
+    with pytest.raises(TableError, match="kept_default must be given for every entry or for none"):
+        table_from_json(mixed, "mixed.json")
+    wrong = {**data, "entries": [{**data["entries"][0], "kept_default": 1}, *data["entries"][1:]]}
+    with pytest.raises(TableError, match="kept_default must be true or false"):
+        table_from_json(wrong, "wrong.json")

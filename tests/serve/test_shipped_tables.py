@@ -105,3 +105,35 @@ def test_a_tuned_winner_serves_where_it_runs_and_gives_way_where_it_cannot():
     config, why = tuned.lookup(space, many, 90, H200)
     assert config == space.defaults(problem=many, device=H200) and config["kv_splits"] == 1
     assert "cannot run batch 16 x 32 heads" in why and "kv_splits" in why
+
+
+def test_a_kept_default_that_a_rule_made_gives_way_where_the_table_says_it_was_kept():
+    """A study at a shape with few units keeps its default, which carries split-KV; where the table marks it
+    kept_default, a call of the bucket with many units gets its own default without a warning. Marked a winner
+    (or a JSON of format 1, where only the plain default counts as kept), the same config cannot run there,
+    and the call's default serves with the reason."""
+    import dataclasses
+
+    space = load_space("sm90")
+    few = Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=128)
+    ruled = space.defaults(problem=few, device=H200)
+    assert ruled["kv_splits"] > 1 and ruled != space.defaults(128, 90)
+    kept = _table_of(space, [("fp16", 128, False, 2048, ruled)])
+    kept = dataclasses.replace(
+        kept,
+        tables={
+            "sm90": dataclasses.replace(kept.tables["sm90"], kept_defaults=frozenset({("fp16", 128, False, 2048)}))
+        },
+    )
+    many = Problem(batch=16, seqlen_q=2048, heads_q=32, head_dim=128)
+    own = space.defaults(problem=many, device=H200)
+    assert own["kv_splits"] == 1
+    assert kept.lookup(space, many, 90, H200) == (own, None)
+    assert kept.lookup(space, few, 90, H200) == (ruled, None)
+    for won in (frozenset(), None):  # a winner, or a table that does not say
+        table = _table_of(space, [("fp16", 128, False, 2048, ruled)])
+        table = dataclasses.replace(
+            table, tables={"sm90": dataclasses.replace(table.tables["sm90"], kept_defaults=won)}
+        )
+        config, why = table.lookup(space, many, 90, H200)
+        assert config == own and "cannot run batch 16 x 32 heads" in why

@@ -21,11 +21,12 @@ from ._dispatch import (
 )
 from ._header import comment_text, export_study, read_header, render_header
 from ._read_header import MAX_HEADER_BYTES, HeaderError, decode_header, header_family, parse_header
-from ._table import JSON_FORMAT, DispatchTable, TableError, table_from_json
+from ._table import JSON_FORMAT, READABLE_FORMATS, DispatchTable, TableError, table_from_json
 
 __all__ = [
     "JSON_FORMAT",
     "MAX_HEADER_BYTES",
+    "READABLE_FORMATS",
     "DispatchError",
     "DispatchFamily",
     "DispatchSelection",

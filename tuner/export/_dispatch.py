@@ -93,6 +93,7 @@ class DispatchFamily:
             entries=tuple(
                 (e.dtype, int(e.head_dim), bool(e.causal), int(e.seqlen), dict(e.chosen.config)) for e in self.entries
             ),
+            kept_defaults=frozenset(e.key for e in self.entries if e.chosen.beats_default is False),
         )
 
 

@@ -9,7 +9,8 @@ storage); :meth:`DispatchTable.select` is the header's ``select()`` in Python:
 - among the tuned entries of the same (dtype, head_dim, causal), the one with the smallest
   tuned query length at or above the call's ``seqlen_q``; above the largest, the largest;
 - at run time, where the device is known, the entry serves the call's batch and heads as well: an
-  entry that is the plain default (its study kept the default) gives way to the call's own default,
+  entry that is its study's default kept by the re-timing (the JSON's ``kept_default``; in a JSON that does
+  not say, an entry equal to the plain default) gives way to the call's own default,
   the space's ``[[defaults]]`` rules for its size included (split-KV for few units, the tail split),
   and a tuned winner that cannot run the call's shape gives way to that default, with a warning;
 - no entry for (dtype, head_dim, causal): the family's default config for that head dim, and
@@ -43,7 +44,7 @@ from typing import Any
 
 from ..devices import DeviceLimits
 from ..errors import FlashtuneError
-from ..export import JSON_FORMAT, DispatchTable, TableError, table_from_json
+from ..export import JSON_FORMAT, READABLE_FORMATS, DispatchTable, TableError, table_from_json
 from ..files import FileContentError, read_content
 from ..problem import Problem
 from ..space import Config, ConfigError, Space
@@ -116,7 +117,8 @@ class TunedConfigs:
         if table.covers(problem.dtype, problem.head_dim, bool(problem.causal)):
             if device is None:  # the dispatch header's choice, as its select() makes it
                 return config, None
-            return self._for_problem(space, config, problem, device)
+            kept = table.kept_default(problem.dtype, problem.head_dim, bool(problem.causal), problem.seqlen_q)
+            return self._for_problem(space, config, kept, problem, device)
         if device is not None:  # the problem's default on this device (its arch's, its [[defaults]] rules)
             config = space.defaults(problem=problem, device=device)
         elif space.defaults(problem.head_dim, arch) != space.defaults(problem.head_dim):
@@ -126,16 +128,18 @@ class TunedConfigs:
         )
 
     def _for_problem(
-        self, space: Space, config: Config, problem: Problem, device: DeviceLimits
+        self, space: Space, config: Config, kept: bool | None, problem: Problem, device: DeviceLimits
     ) -> tuple[Config, str | None]:
         """The bucket's tuned ``config`` made to serve ``problem`` on ``device``, whose batch and heads the
-        bucket does not see. An entry that is the head dim's plain default was a study's default kept (no
-        config beat it beyond noise at the tuned shape): the call gets its own problem's default, with the
-        space's ``[[defaults]]`` rules for its size (split-KV where the units are few, the tail split, the
-        warpgroups by waves), as a call without ``config`` does. A tuned winner is served as it is where it
-        can run the problem; where it cannot (a split-KV winner of a shape with fewer units), the problem's
-        default serves, and the reason says why."""
-        if config == space.defaults(problem.head_dim, device.arch):
+        bucket does not see. An entry that is its study's default kept by the re-timing (``kept``; where the
+        table does not say, an entry equal to the head dim's plain default) was measured as the default of
+        another shape: the call gets its own problem's default, with the space's ``[[defaults]]`` rules for
+        its size (split-KV where the units are few, the tail split, the warpgroups by waves), as a call without
+        ``config`` does. A tuned winner is served as it is where it can run the problem; where it cannot (a
+        split-KV winner of a shape with fewer units), the problem's default serves, and the reason says why."""
+        if kept is None:
+            kept = config == space.defaults(problem.head_dim, device.arch)
+        if kept:
             return space.defaults(problem=problem, device=device), None
         reason = space.check(config, problem, device)
         if reason is None:
@@ -166,10 +170,10 @@ def parse_tuned_json(text: str | bytes, where: str) -> TunedConfigs:
             f"{where} is not a dispatch JSON written by `flashtune export --dispatch`: "
             f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__}"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in READABLE_FORMATS:
         raise TunedError(
             f"{where} is not a dispatch JSON written by `flashtune export --dispatch` (its format is "
-            f"not {JSON_FORMAT!r})"
+            f"not {JSON_FORMAT!r} or an earlier one this version reads)"
         )
     families = data.get("families")
     if not isinstance(families, list):
