@@ -1,4 +1,4 @@
-"""Five exhaustive sweeps on one H200, back to back, as oracles for `flashtune replay` (tests/data/README.md).
+"""Exhaustive sweeps on one H200, back to back, as oracles for `flashtune replay` (tests/data/README.md).
 
     python -m tests.gpu.measure_sweeps --out DIR [--budget 480] [--only NAME ...] [--compile-workers 15]
     python -m tests.gpu.measure_sweeps --out DIR --dry-run     # no GPU: commands, feasible counts, estimate
@@ -10,12 +10,12 @@ unless an identical copy was there before). The sweeps share one time budget (``
 this script's start): a sweep starts only while at least ``MIN_START_S`` of it is left, and is told to stop
 (``--timeout``) in time for the budget; sweeps not started are listed as skipped. Running the same command
 again resumes: a finished sweep is skipped, an interrupted one carries on where it stopped (the grid sampler
-proposes only the configs its study does not hold yet). Two sweeps are HELD-OUT (``held_out``): only scored
+proposes only the configs its study does not hold yet). Sweeps marked ``held_out`` are HELD-OUT: only scored
 at the end, never used to design or tune the search.
 
 Prints each sweep's progress lines, then a table: sweep, feasible, measured, failed, best and default
 TFLOPS, default / best, wall seconds; writes the sweeps' output to ``measure_sweeps.log`` and the table (with
-the wall time over all runs) to ``measure_sweeps.json`` under DIR: seven files in all.
+the wall time over all runs) to ``measure_sweeps.json`` under DIR: a database per sweep run, and these two.
 Not collected by pytest.
 """
 
@@ -42,11 +42,19 @@ MIN_START_S = 45.0  # budget left below which a sweep is not started (start-up a
 STOP_MARGIN_S = 30.0  # --timeout = what is left minus this: the tuner's start-up and wind-down
 INTERRUPT_AFTER_S = 15.0  # past the budget: Ctrl-C (the tuner stores how it stopped) ...
 KILL_AFTER_S = 40.0  # ... and past this, the process group is killed
-LOG = "measure_sweeps.log"  # every sweep's output, appended (DIR then holds 7 files: 5 databases, this, the JSON)
+LOG = "measure_sweeps.log"  # every sweep's output, appended (DIR then holds the databases, this, the JSON)
 
 #: estimated configs/s end to end on one H200 with 15 compile workers (BENCHMARKS.md sessions 5-6: 12.6-14 at
 #: d128 on a warm CuPy; d64 builds a little faster, d256 slower, and the 16k GQA kernel takes ~4 ms a launch)
-RATE = {"sm90_sweep_d64": 14.0, "sm90_sweep_d64b": 14.0, "sm90_sweep_d128": 12.0, "sm90_sweep_d256": 9.0}
+RATE = {
+    "sm90_sweep_d64": 14.0,
+    "sm90_sweep_d64b": 14.0,
+    "sm90_sweep_d64c": 14.0,
+    "sm90_sweep_d128": 12.0,
+    "sm90_sweep_d128c": 12.0,
+    "sm90_sweep_d256": 9.0,
+    "sm90_sweep_d256c": 9.0,
+}
 START_UP_S = 8.0  # per sweep: Python, imports, GPU worker, first compiles
 COLD_CUPY_S = 25.0  # once per new machine: CuPy compiles its kernels (BENCHMARKS.md session 5)
 
@@ -123,6 +131,43 @@ SWEEPS = (
         _flags("fp16", 64, False, 16, 1536, 12),
         "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
         held_out=True,
+    ),
+    # sweeps 7-10, today's knobs (spaces derived from sm90.toml at 5e9dacd), all held out
+    Sweep(
+        "d128-bf16-causal-gqa32x8-b4-n2048",
+        "sm90_sweep_d128c",
+        _flags("bf16", 128, True, 4, 2048, 32, 8),
+        "h200_sweep_d128c_bf16_causal_gqa32x8_b4_n2048.db",
+        held_out=True,
+    ),
+    Sweep(
+        "d64-bf16-causal-b32-h12-n512",
+        "sm90_sweep_d64c",
+        _flags("bf16", 64, True, 32, 512, 12),
+        "h200_sweep_d64c_bf16_causal_b32_h12_n512.db",
+        held_out=True,
+    ),
+    Sweep(
+        "d256-fp16-causal-b2-n4096",
+        "sm90_sweep_d256c",
+        _flags("fp16", 256, True, 2, 4096, 16),
+        "h200_sweep_d256c_fp16_causal_b2_n4096.db",
+        held_out=True,
+    ),
+    Sweep(
+        "d64-fp16-full-b4-n8192",
+        "sm90_sweep_d64c",
+        _flags("fp16", 64, False, 4, 8192, 16),
+        "h200_sweep_d64c_fp16_full_b4_n8192.db",
+        held_out=True,
+    ),
+    Sweep(
+        "d128-fp16-full-b2-n8192",
+        "sm90_sweep_d128c",
+        _flags("fp16", 128, False, 2, 8192, 16),
+        "h200_sweep_d128c_fp16_full_b2_n8192.db",
+        held_out=True,
+        rate=9.0,
     ),
 )
 BY_NAME = {s.name: s for s in SWEEPS}

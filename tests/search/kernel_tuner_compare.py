@@ -85,7 +85,7 @@ INSTALL = (
     "and run with PYTHONPATH=/tmp/ktsite"
 )
 
-#: the eight exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data)
+#: the thirteen exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data)
 SWEEPS = {
     "small-fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small", "sm90_small.toml"),
     "small-bf16-full-n2048": (
@@ -122,6 +122,31 @@ SWEEPS = {
         "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
         "grid-d64-fp16-full-b16-h12-n1536",
         "sweep_spaces/sm90_sweep_d64b.toml",
+    ),
+    "d128c-bf16-causal-gqa32x8-b4-n2048": (
+        "h200_sweep_d128c_bf16_causal_gqa32x8_b4_n2048.db",
+        "grid-d128-bf16-causal-gqa32x8-b4-n2048",
+        "sweep_spaces/sm90_sweep_d128c.toml",
+    ),
+    "d64c-bf16-causal-b32-h12-n512": (
+        "h200_sweep_d64c_bf16_causal_b32_h12_n512.db",
+        "grid-d64-bf16-causal-b32-h12-n512",
+        "sweep_spaces/sm90_sweep_d64c.toml",
+    ),
+    "d256c-fp16-causal-b2-n4096": (
+        "h200_sweep_d256c_fp16_causal_b2_n4096.db",
+        "grid-d256-fp16-causal-b2-n4096",
+        "sweep_spaces/sm90_sweep_d256c.toml",
+    ),
+    "d64c-fp16-full-b4-n8192": (
+        "h200_sweep_d64c_fp16_full_b4_n8192.db",
+        "grid-d64-fp16-full-b4-n8192",
+        "sweep_spaces/sm90_sweep_d64c.toml",
+    ),
+    "d128c-fp16-full-b2-n8192": (
+        "h200_sweep_d128c_fp16_full_b2_n8192.db",
+        "grid-d128-fp16-full-b2-n8192",
+        "sweep_spaces/sm90_sweep_d128c.toml",
     ),
 }
 
