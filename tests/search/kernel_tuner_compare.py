@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from tests.gpu.measure_sweeps import SWEEPS as MEASURED_SWEEPS
 from tuner.run import load_oracle, replay
 from tuner.space import config_key
 
@@ -85,70 +86,12 @@ INSTALL = (
     "and run with PYTHONPATH=/tmp/ktsite"
 )
 
-#: the thirteen exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data)
+#: the thirteen exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data);
+#: the two of sm90_small.toml, then those tests/gpu/measure_sweeps.py measures
 SWEEPS = {
     "small-fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small", "sm90_small.toml"),
-    "small-bf16-full-n2048": (
-        "h200_sm90_small_bf16_full_n2048.db",
-        "grid-bf16-full-n2048",
-        "sm90_small.toml",
-    ),
-    "d64-fp16-causal-n4096": (
-        "h200_sweep_d64_fp16_causal_n4096.db",
-        "grid-d64-fp16-causal-n4096",
-        "sweep_spaces/sm90_sweep_d64.toml",
-    ),
-    "d64-bf16-full-n2048": (
-        "h200_sweep_d64_bf16_full_n2048.db",
-        "grid-d64-bf16-full-n2048",
-        "sweep_spaces/sm90_sweep_d64.toml",
-    ),
-    "d128-fp16-causal-b32-n512": (
-        "h200_sweep_d128_fp16_causal_b32_n512.db",
-        "grid-d128-fp16-causal-b32-n512",
-        "sweep_spaces/sm90_sweep_d128.toml",
-    ),
-    "d256-bf16-full-n2048": (
-        "h200_sweep_d256_bf16_full_n2048.db",
-        "grid-d256-bf16-full-n2048",
-        "sweep_spaces/sm90_sweep_d256.toml",
-    ),
-    "d128-bf16-causal-gqa28x4-n16384": (
-        "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
-        "grid-d128-bf16-causal-gqa28x4-n16384",
-        "sweep_spaces/sm90_sweep_d128.toml",
-    ),
-    "d64b-fp16-full-b16-h12-n1536": (
-        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
-        "grid-d64-fp16-full-b16-h12-n1536",
-        "sweep_spaces/sm90_sweep_d64b.toml",
-    ),
-    "d128c-bf16-causal-gqa32x8-b4-n2048": (
-        "h200_sweep_d128c_bf16_causal_gqa32x8_b4_n2048.db",
-        "grid-d128-bf16-causal-gqa32x8-b4-n2048",
-        "sweep_spaces/sm90_sweep_d128c.toml",
-    ),
-    "d64c-bf16-causal-b32-h12-n512": (
-        "h200_sweep_d64c_bf16_causal_b32_h12_n512.db",
-        "grid-d64-bf16-causal-b32-h12-n512",
-        "sweep_spaces/sm90_sweep_d64c.toml",
-    ),
-    "d256c-fp16-causal-b2-n4096": (
-        "h200_sweep_d256c_fp16_causal_b2_n4096.db",
-        "grid-d256-fp16-causal-b2-n4096",
-        "sweep_spaces/sm90_sweep_d256c.toml",
-    ),
-    "d64c-fp16-full-b4-n8192": (
-        "h200_sweep_d64c_fp16_full_b4_n8192.db",
-        "grid-d64-fp16-full-b4-n8192",
-        "sweep_spaces/sm90_sweep_d64c.toml",
-    ),
-    "d128c-fp16-full-b2-n8192": (
-        "h200_sweep_d128c_fp16_full_b2_n8192.db",
-        "grid-d128-fp16-full-b2-n8192",
-        "sweep_spaces/sm90_sweep_d128c.toml",
-    ),
-}
+    "small-bf16-full-n2048": ("h200_sm90_small_bf16_full_n2048.db", "grid-bf16-full-n2048", "sm90_small.toml"),
+} | {s.name: (s.db, s.study, f"sweep_spaces/{s.space}.toml") for s in MEASURED_SWEEPS}
 
 #: Kernel Tuner's single-objective strategies compared by default (brute_force and the pymoo and pyATF ones left out)
 STRATEGIES = (

@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.gpu.measure_sweeps import SWEEPS as MEASURED_SWEEPS
 from tuner.devices import limits_for_arch
 from tuner.problem import Problem
 from tuner.run import landscapes, load_oracle, replay
@@ -86,66 +87,19 @@ def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(store
     _check(replay(stored, [DEFAULT_SEARCH], SEEDS, 50, window=17), median=25, p90=35, within=50)
 
 
-#: the eleven sweeps of tests/data/README.md measured apart from the two above: (file, study, space file, held out);
-#: the held-out ones were scored once, after the search was designed on the others
-SWEEPS = {
-    "d64-fp16-causal-n4096": ("h200_sweep_d64_fp16_causal_n4096.db", "grid-d64-fp16-causal-n4096", "d64", False),
-    "d64-bf16-full-n2048": ("h200_sweep_d64_bf16_full_n2048.db", "grid-d64-bf16-full-n2048", "d64", False),
-    "d128-fp16-causal-b32-n512": (
-        "h200_sweep_d128_fp16_causal_b32_n512.db",
-        "grid-d128-fp16-causal-b32-n512",
-        "d128",
-        False,
-    ),
-    "d256-bf16-full-n2048": ("h200_sweep_d256_bf16_full_n2048.db", "grid-d256-bf16-full-n2048", "d256", True),
-    "d128-bf16-causal-gqa28x4-n16384": (
-        "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
-        "grid-d128-bf16-causal-gqa28x4-n16384",
-        "d128",
-        True,
-    ),
-    "d64b-fp16-full-b16-h12-n1536": (
-        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
-        "grid-d64-fp16-full-b16-h12-n1536",
-        "d64b",
-        True,
-    ),
-    "d128c-bf16-causal-gqa32x8-b4-n2048": (
-        "h200_sweep_d128c_bf16_causal_gqa32x8_b4_n2048.db",
-        "grid-d128-bf16-causal-gqa32x8-b4-n2048",
-        "d128c",
-        True,
-    ),
-    "d64c-bf16-causal-b32-h12-n512": (
-        "h200_sweep_d64c_bf16_causal_b32_h12_n512.db",
-        "grid-d64-bf16-causal-b32-h12-n512",
-        "d64c",
-        True,
-    ),
-    "d256c-fp16-causal-b2-n4096": (
-        "h200_sweep_d256c_fp16_causal_b2_n4096.db",
-        "grid-d256-fp16-causal-b2-n4096",
-        "d256c",
-        True,
-    ),
-    "d64c-fp16-full-b4-n8192": ("h200_sweep_d64c_fp16_full_b4_n8192.db", "grid-d64-fp16-full-b4-n8192", "d64c", True),
-    "d128c-fp16-full-b2-n8192": (
-        "h200_sweep_d128c_fp16_full_b2_n8192.db",
-        "grid-d128-fp16-full-b2-n8192",
-        "d128c",
-        True,
-    ),
-}
+#: the eleven sweeps of tests/data/README.md measured apart from the two above, by name (tests/gpu/measure_sweeps.py
+#: measures them and says which are held out)
+SWEEPS = {s.name: s for s in MEASURED_SWEEPS}
 #: held-out sweeps whose window-1 target the search misses, with the figure of their one scoring
 MISSED = {
-    "d64c-bf16-causal-b32-h12-n512": "held out: median 19.5 but p90 46 (15 of 20 seeds never within 1% with 5e9dacd's "
+    "d64-bf16-causal-b32-h12-n512": "held out: median 19.5 but p90 46 (15 of 20 seeds never within 1% with 5e9dacd's "
     "search; 19.5/46 with the surrogate choosing among centres within BAND; 42.5/50 with the level tie-break in log "
     "TFLOPS instead, not kept: seen three times, no longer an unbiased figure); one config within 1% of the best",
 }
 #: sweeps whose window-17 target (median <= 30) the search misses, with the figure of their one scoring
 MISSED_WINDOW_17 = {
-    "d128c-bf16-causal-gqa32x8-b4-n2048": "held out, scored with 5e9dacd's search and BAND's alike: median 35.5, p90 37-38",
-    "d64c-bf16-causal-b32-h12-n512": "held out, scored with 5e9dacd's search and BAND's alike: median 36, p90 39",
+    "d128-bf16-causal-gqa32x8-b4-n2048": "held out, scored with 5e9dacd's search and BAND's alike: median 35.5, p90 37-38",
+    "d64-bf16-causal-b32-h12-n512": "held out, scored with 5e9dacd's search and BAND's alike: median 36, p90 39",
 }
 
 
@@ -160,8 +114,7 @@ def _oracle(name: str):
         file, study = STORED[name]
         space = DATA / "sm90_small.toml"
     else:
-        file, study, head, _ = SWEEPS[name]
-        space = DATA / "sweep_spaces" / f"sm90_sweep_{head}.toml"
+        file, study, space = SWEEPS[name].db, SWEEPS[name].study, SWEEPS[name].space_file
     return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, space)
 
 
