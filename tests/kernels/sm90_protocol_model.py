@@ -636,8 +636,8 @@ class Model:
             log = self.computed.setdefault((unit.index, cta.rank, wg), [])
             if unit.n_block_max > 0:
                 n = unit.n_block_max
-                if s.causal and not k.pingpong:  # skip_masked_blocks
-                    while n > unit.visible(first_row):
+                if not k.pingpong:  # skip_masked_blocks: past the diagonal, or every block for padding rows
+                    while n > (0 if first_row >= s.seqlen_q else unit.visible(first_row)):
                         yield from self.wait_k(cta, st)
                         self.release_k(cta, st)
                         yield from self.wait_v(cta, st)
@@ -824,11 +824,12 @@ class Model:
                     want = 1 if first_row < s.seqlen_q else 0
                     if self.stored.get(key, 0) != want:
                         raise ProtocolError(f"O of {key} stored {self.stored.get(key, 0)} times, not {want}")
-                    n = (
-                        unit.n_block_max
-                        if k.pingpong or not s.causal
-                        else min(unit.n_block_max, unit.visible(first_row))
-                    )
+                    if k.pingpong:
+                        n = unit.n_block_max
+                    elif first_row >= s.seqlen_q:  # every row is padding: nothing computed
+                        n = 0
+                    else:
+                        n = min(unit.n_block_max, unit.visible(first_row))
                     blocks = sorted(b for what, b in self.computed.get(key, []) if what == "S")
                     pv = sorted(set(b for what, b in self.computed.get(key, []) if what == "PV"))
                     if blocks != list(range(n)) or pv != list(range(n)):
