@@ -131,17 +131,22 @@ FAULT_CASES = (
 )
 
 
+FAULT_SEEDS = 40  # random timings tried per shape before a planted fault counts as missed
+
+
 @pytest.mark.parametrize(("case", "knobs"), FAULT_CASES, ids=[c for c, _ in FAULT_CASES])
 def test_a_planted_fault_is_caught(case, knobs):
-    caught = []
-    for seed in range(6):
+    """Under random timings, within FAULT_SEEDS seeds on the first three shapes (the first run that catches it
+    ends the search): a race shows only in some interleavings (sentinel_without_wait in 4 of 30 seeds of one
+    shape, since warpgroups of padding rows skip their key blocks and finish early)."""
+    for seed in range(FAULT_SEEDS):
         for shape in SHAPES[:3]:
             try:
                 simulate(knobs, shape, seed=seed)
-            except ProtocolError as e:
-                caught.append(str(e))
+            except ProtocolError:
+                return
     fault = case.split("@")[0]
-    assert caught, f"the model misses the fault {fault!r} ({case}): {FAULTS[fault]}"
+    pytest.fail(f"the model misses the fault {fault!r} ({case}): {FAULTS[fault]}")
 
 
 def test_an_ambiguous_parity_wait_is_an_error():
