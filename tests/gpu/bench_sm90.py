@@ -52,6 +52,7 @@ NCU_RESERVE_S = 100.0  # kept for the ncu stage while shapes are timed
 TARGET_MS = 30.0  # GPU time per (runnable, round)
 CHECK_TIMEOUT_S = 25.0  # loading and checking one config: a kernel still running by then hangs
 ROUNDS = 3
+TIMING_RESERVE_S = 8.0  # of --deadline kept per shape for its timing while kernels compile (~2-6 s are used)
 _T0 = time.perf_counter()
 
 # (dtype, head_dim, causal, batch, seqlen, heads): issue 10's table, then three more short shapes;
@@ -979,6 +980,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         problems = [make_problem(s) for s in (QUICK_SHAPES if args.quick else SHAPES)]
     plans = [{"shape": p.slug(), "problem": p, "slug": p.slug()} for p in problems]
+    timing_s = TIMING_RESERVE_S * len(plans) + 40 + _NCU_RESERVE[0]
+    if args.deadline < timing_s + 30:
+        parser.error(
+            f"--deadline {args.deadline:.0f} leaves no time to compile: timing {len(plans)} shapes is given about "
+            f"{timing_s:.0f} s of it; give --deadline {timing_s + 120:.0f} or more (the run ends when done)"
+        )
     gemm: dict | None = None
     info: dict = {}
     log(f"bench_sm90: {len(plans)} shapes, python {sys.version.split()[0]}, out {out}")
@@ -1001,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"plan {plan['slug']}: {len(plan['configs'])} configs; infeasible: "
                 + ", ".join(s["name"] for s in plan["skipped"])
             )
-        compile_all(plans, device, budget_s=min(170.0, time_left() - 8 * len(plans) - 40))  # ~6 s to time a shape
+        compile_all(plans, device, budget_s=min(170.0, time_left() - TIMING_RESERVE_S * len(plans) - 40))
         for i, plan in enumerate(plans):
             reserve = _NCU_RESERVE[0]
             if time_left() < reserve + 20:

@@ -15,6 +15,15 @@ from tuner.problem import Problem
 from tuner.space import load_space
 
 
+def test_a_deadline_that_leaves_no_time_to_compile_is_refused_with_the_one_to_give(tmp_path, capsys):
+    suite = bench.REPO / "studies" / "models_h200.toml"  # 12 shapes: about 136 s kept for their timing
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--out", str(tmp_path), "--suite", str(suite), "--deadline", "100", "--no-ncu"])
+    assert stop.value.code == 2
+    assert "--deadline 100 leaves no time to compile" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before any work
+
+
 def test_every_shape_gets_a_feasible_plan_with_both_ctas_per_sm_values():
     space, device = load_space("sm90"), limits_for_arch(90)
     assert len(bench.SHAPES) == 10 and all(s in bench.SHAPES for s in bench.NCU_SHAPES + bench.QUICK_SHAPES)
