@@ -64,13 +64,17 @@ class Sweep:
     name: str
     space: str  # stem of a file in tests/data/sweep_spaces/, = its family name
     flags: tuple[str, ...]  # problem flags of flashtune tune
-    db: str
     held_out: bool = False
     rate: float | None = None  # configs/s estimate, if not the space's
 
     @property
     def study(self) -> str:
         return f"grid-{self.name}"
+
+    @property
+    def db(self) -> str:
+        """The database file: the space's head-dim tag (d64, d64b, d128c ...), then the name past its head dim."""
+        return f"h200_sweep_{self.space.removeprefix('sm90_sweep_')}_{self.name.split('-', 1)[1].replace('-', '_')}.db"
 
     @property
     def space_file(self) -> Path:
@@ -96,32 +100,27 @@ SWEEPS = (
         "d64-fp16-causal-n4096",
         "sm90_sweep_d64",
         _flags("fp16", 64, True, 4, 4096, 16),
-        "h200_sweep_d64_fp16_causal_n4096.db",
     ),
     Sweep(
         "d64-bf16-full-n2048",
         "sm90_sweep_d64",
         _flags("bf16", 64, False, 8, 2048, 16),
-        "h200_sweep_d64_bf16_full_n2048.db",
     ),
     Sweep(
         "d128-fp16-causal-b32-n512",
         "sm90_sweep_d128",
         _flags("fp16", 128, True, 32, 512, 16),
-        "h200_sweep_d128_fp16_causal_b32_n512.db",
     ),
     Sweep(
         "d256-bf16-full-n2048",
         "sm90_sweep_d256",
         _flags("bf16", 256, False, 8, 2048, 16),
-        "h200_sweep_d256_bf16_full_n2048.db",
         held_out=True,
     ),
     Sweep(
         "d128-bf16-causal-gqa28x4-n16384",
         "sm90_sweep_d128",
         _flags("bf16", 128, True, 1, 16384, 28, 4),
-        "h200_sweep_d128_bf16_causal_gqa28x4_n16384.db",
         held_out=True,
         rate=9.0,
     ),
@@ -129,43 +128,37 @@ SWEEPS = (
         "d64-fp16-full-b16-h12-n1536",
         "sm90_sweep_d64b",
         _flags("fp16", 64, False, 16, 1536, 12),
-        "h200_sweep_d64b_fp16_full_b16_h12_n1536.db",
         held_out=True,
     ),
-    # sweeps 7-10, today's knobs (spaces derived from sm90.toml at 5e9dacd), all held out
+    # sweeps 7-11, today's knobs (spaces derived from sm90.toml at 5e9dacd), all held out
     Sweep(
         "d128-bf16-causal-gqa32x8-b4-n2048",
         "sm90_sweep_d128c",
         _flags("bf16", 128, True, 4, 2048, 32, 8),
-        "h200_sweep_d128c_bf16_causal_gqa32x8_b4_n2048.db",
         held_out=True,
     ),
     Sweep(
         "d64-bf16-causal-b32-h12-n512",
         "sm90_sweep_d64c",
         _flags("bf16", 64, True, 32, 512, 12),
-        "h200_sweep_d64c_bf16_causal_b32_h12_n512.db",
         held_out=True,
     ),
     Sweep(
         "d256-fp16-causal-b2-n4096",
         "sm90_sweep_d256c",
         _flags("fp16", 256, True, 2, 4096, 16),
-        "h200_sweep_d256c_fp16_causal_b2_n4096.db",
         held_out=True,
     ),
     Sweep(
         "d64-fp16-full-b4-n8192",
         "sm90_sweep_d64c",
         _flags("fp16", 64, False, 4, 8192, 16),
-        "h200_sweep_d64c_fp16_full_b4_n8192.db",
         held_out=True,
     ),
     Sweep(
         "d128-fp16-full-b2-n8192",
         "sm90_sweep_d128c",
         _flags("fp16", 128, False, 2, 8192, 16),
-        "h200_sweep_d128c_fp16_full_b2_n8192.db",
         held_out=True,
         rate=9.0,
     ),
