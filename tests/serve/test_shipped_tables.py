@@ -4,6 +4,7 @@ call: export the table again), and every tuned config is one today's space accep
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_a_shipped_table_fits_todays_space_files(path):
             assert space.check(checked, problem, device) is None, (path.name, dtype, head_dim, causal, seqlen)
 
 
-def test_an_h200_is_served_its_table_and_a_shape_it_lacks_gets_the_default_with_the_reason():
+def test_an_h200_is_served_its_table_which_covers_every_bucket_and_a_bucket_lacking_gets_the_default():
     tuned = shipped_tuned("NVIDIA  h200")  # CUDA's name, compared without case and runs of spaces
     assert tuned.shipped and tuned.source == "flashtune's nvidia_h200.json"
     space = load_space("sm90")
@@ -42,13 +43,11 @@ def test_an_h200_is_served_its_table_and_a_shape_it_lacks_gets_the_default_with_
     dtype, head_dim, causal, seqlen, config = table.entries[0]
     problem = Problem(batch=2, seqlen_q=seqlen, heads_q=16, head_dim=head_dim, dtype=dtype, causal=causal)
     assert tuned.lookup(space, problem, 90) == (space.validate(config), None)
-    lacking = next(
-        (d, h, c)
-        for d in space.family.dtypes
-        for h in space.family.head_dims
-        for c in (False, True)
-        if not table.covers(d, h, c)
-    )
+    buckets = [(d, h, c) for d in space.family.dtypes for h in space.family.head_dims for c in (False, True)]
+    assert all(table.covers(*b) for b in buckets), "the H200 table covers every dtype, head dim and mask of sm90"
+    lacking = buckets[0]  # a table without that bucket's entries: the default serves it, and says why
+    partial = dataclasses.replace(table, entries=tuple(e for e in table.entries if e[:3] != lacking))
+    tuned = dataclasses.replace(tuned, tables={"sm90": partial})
     problem = Problem(batch=2, seqlen_q=1024, heads_q=16, head_dim=lacking[1], dtype=lacking[0], causal=lacking[2])
     config, why = tuned.lookup(space, problem, 90, limits_for_arch(90))
     assert config == space.defaults(problem=problem, device=limits_for_arch(90)) and "no tuned sm90 config" in why
