@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 
@@ -97,7 +98,12 @@ def test_cli_refuses_suite_with_study_or_config_and_ablate_without_suite(tmp_pat
     from tuner.cli import main
 
     assert main(["bench", "--ablate"]) == 2
-    assert "--ablate and --output go with --suite" in capsys.readouterr().err
+    assert "--ablate, --output and --rounds go with --suite" in capsys.readouterr().err
+    assert main(["bench", "--rounds", "2"]) == 2
+    assert "--ablate, --output and --rounds go with --suite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--rounds", "0"])
+    assert "expected 1 to 100 rounds, not 0" in capsys.readouterr().err
     suite = tmp_path / "s.toml"
     suite.write_text('family = "sm80"\n[grid]\nhead_dim = 128\nheads = 2\nbatch = 1\nseqlen = 128\n')
     assert main(["bench", "--suite", str(suite), "--config", "block_m=64"]) == 2
@@ -118,3 +124,50 @@ def test_compiling_up_front_in_a_pool_gives_the_same_rows(tuned, tmp_path, monke
     in_pool = [pid for pid in log.read_text().split() if int(pid) != os.getpid()]
     winner_and_default = 1 if pooled[0].default_tflops == pooled[0].tflops else 2
     assert len(in_pool) == winner_and_default + sum(t is not None for t in pooled[0].ablations.values())
+
+
+class _Drifting:
+    """The worker, recording the order of its calls and scaling every figure by the round's drift (a GPU whose
+    clock moves during the run): round i of a problem scales ours and the peers alike by DRIFT[i]."""
+
+    DRIFT = (1.0, 0.8, 1.1)
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.calls: list[str] = []
+        self._round = 0
+
+    def measure(self, job, **kwargs):
+        self.calls.append(job.tag)
+        result = self.worker.measure(job, **kwargs)
+        return dataclasses.replace(result, tflops=result.tflops * self.DRIFT[self._round % 3])
+
+    def peers(self, problem, settings, **kwargs):
+        self.calls.append("peers")
+        scale = self.DRIFT[self._round % 3]
+        self._round += 1
+        return [
+            {**p, "tflops": p["tflops"] * scale if p.get("tflops") else None}
+            for p in self.worker.peers(problem, settings, **kwargs)
+        ]
+
+
+def test_rounds_interleave_ours_the_default_and_the_peers_and_keep_each_ones_median(tuned):
+    """Each round times the winner, the default (where it differs) and then the peers; each figure is the median
+    over the rounds, so a drift during the run moves ours and the peers' alike and leaves the ratio."""
+    suite, url, info = tuned
+    with Worker(handler=HANDLER) as worker:
+        drifting = _Drifting(worker)
+        row = bench_suite(drifting, info, suite, url, compiler=standin_compile, rounds=3)[0]
+        once = bench_suite(worker, info, suite, url, compiler=standin_compile, rounds=1)[0]
+    default = load_space("sm80").defaults(problem=row.problem)
+    own = ["bench-suite", *(["default"] if default != row.config else [])]
+    assert drifting.calls[: 3 * (len(own) + 1)] == [*own, "peers"] * 3
+    assert row.rounds == 3 and once.rounds == 1
+    assert row.tflops == pytest.approx(once.tflops)  # median of (1.0, 0.8, 1.1) x its figure
+    assert row.peers["sdpa_cudnn_attention"] == pytest.approx(150.0)
+    assert row.ratio("cudnn") == pytest.approx(once.ratio("cudnn"))
+    assert row.peers["sdpa_efficient_attention"] is None  # refused in every round
+    assert "each figure the median of 3 interleaved rounds" in markdown_table([row], info, suite, url)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        bench_suite(worker, info, suite, url, compiler=standin_compile, rounds=0)

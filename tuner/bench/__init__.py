@@ -18,12 +18,13 @@ from ._api import (
     run_api_bench,
 )
 from ._bench import run_bench, study_for_bench
-from ._suite import BenchRow, bench_suite, markdown_table
+from ._suite import ROUNDS, BenchRow, bench_suite, markdown_table
 
 __all__ = [
     "DEFAULT_SHAPES",
     "EAGER_RATIO_TARGET",
     "HOST_US_TARGET",
+    "ROUNDS",
     "ApiRow",
     "BenchRow",
     "bench_suite",

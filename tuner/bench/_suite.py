@@ -3,7 +3,10 @@ BENCHMARKS.md records (and, with ``--ablate``, what each tuned knob is worth).
 
 For each problem of the suite: the winner of its study on this GPU model is compiled, checked and
 timed by the GPU worker; then PyTorch SDPA (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION)
-and an 8192³ cuBLAS GEMM are timed by the same worker, right after. With ``ablate`` the winner is
+and an 8192³ cuBLAS GEMM are timed by the same worker, right after. That is one round; ``rounds``
+interleaved rounds (default :data:`ROUNDS`) give each kernel's median, so that a drift of the GPU's
+clock or temperature during the run falls on ours and the peers alike, not on whichever ran last
+(a single sequential pass moved ratios by 5-8% on some shapes between runs). With ``ablate`` the winner is
 also timed with each knob that differs from the family's default put back to the default, one
 knob at a time: winner / ablated is what that knob's tuned value is worth on that shape. The
 problem's default config (the space's defaults with its rules for this problem and device) is
@@ -16,6 +19,7 @@ import concurrent.futures as cf
 import datetime as dt
 import functools
 import multiprocessing as mp
+import statistics
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,9 +48,10 @@ from ..study import (
     suite_studies,
 )
 
-__all__ = ["BenchRow", "bench_suite", "markdown_table"]
+__all__ = ["ROUNDS", "BenchRow", "bench_suite", "markdown_table"]
 
 PEERS = {"cudnn": "sdpa_cudnn_attention", "fa2": "sdpa_flash_attention", "gemm": "cublas_gemm_8192"}
+ROUNDS = 3  # interleaved rounds of (winner, default, peers) per problem: each figure is its median
 
 
 @dataclass
@@ -59,6 +64,7 @@ class BenchRow:
     peers: dict[str, float | None] = field(default_factory=dict)  # peer name -> TFLOPS
     ablations: dict[str, float | None] = field(default_factory=dict)  # knob put back to its default -> TFLOPS
     default_tflops: float | None = None  # the problem's default config (the winner's figure where they are one)
+    rounds: int = 0  # interleaved rounds each figure is the median of (0: not timed)
 
     def ratio(self, peer: str) -> float | None:
         other = self.peers.get(PEERS.get(peer, peer))
@@ -78,6 +84,7 @@ class BenchRow:
             "peers": self.peers,
             "ablations": self.ablations,
             "default_tflops": self.default_tflops,
+            "rounds": self.rounds,
         }
 
 
@@ -156,9 +163,12 @@ def bench_suite(
     log: TextIO | None = None,
     compiler: Callable[..., CompileOutcome] = compile_outcome,
     compile_workers: int = 1,
+    rounds: int = ROUNDS,
 ) -> list[BenchRow]:
     """One row per problem of ``suite``, in the suite's order (problems without a study on this GPU
-    model get a note instead of figures)."""
+    model get a note instead of figures); each figure the median of ``rounds`` interleaved rounds."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     settings = settings or MeasureSettings()
     space = load_space(suite.family)
     device = DeviceLimits.from_info(info)
@@ -169,7 +179,7 @@ def bench_suite(
         _compile_up_front(space, rows, device, ablate, compiler, compile_workers)
     with Progress(len(rows), desc="bench", unit="shape", show=log is not None) as shown:
         for i, row in enumerate(rows, 1):
-            _measure_row(worker, space, row, device, settings, ablate, compiler)
+            _measure_row(worker, space, row, device, settings, ablate, compiler, rounds)
             if log is not None:
                 shown.write(_row_line(row, i, len(entries)), log)
                 shown.update(1)
@@ -226,23 +236,43 @@ def _measure_row(
     settings: MeasureSettings,
     ablate: bool,
     compiler: Callable[..., CompileOutcome],
+    rounds: int = 1,
 ) -> None:
-    """Time ``row``'s config, the problem's default (and the ablations), then ask the worker for the peers' figures."""
+    """Time ``row``'s config, the problem's default and the peers in ``rounds`` interleaved rounds, keeping each
+    one's median (a config that fails keeps its first error and no figure), then the ablations once."""
+    if not (row.config or row.study):
+        return
+    default = _default(space, row, device) if row.config else None
+    ours: list[float] = []
+    defaults: list[float] = []
+    peers: dict[str, list[float | None]] = {}
+    for _ in range(rounds):
+        if row.config and not row.note:
+            tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
+            if tflops is not None:
+                ours.append(tflops)
+            if default != row.config:
+                tflops, _ = _time(worker, space, default, row.problem, device, settings, "default", compiler)
+                if tflops is not None:
+                    defaults.append(tflops)
+        for peer in worker.peers(row.problem, settings, timeout_s=900):
+            peers.setdefault(peer["name"], []).append(peer.get("tflops"))
+    row.tflops = statistics.median(ours) if ours and not row.note else None
     if row.config:
-        row.tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
-        default = _default(space, row, device)
-        if default == row.config:
-            row.default_tflops = row.tflops
-        else:
-            row.default_tflops, _ = _time(worker, space, default, row.problem, device, settings, "default", compiler)
-        if ablate and row.tflops:
-            for name, variant in _ablations(space, row, device).items():
-                row.ablations[name], _ = _time(
-                    worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
-                )
-    if row.config or row.study:
-        peers = worker.peers(row.problem, settings, timeout_s=900)
-        row.peers = {p["name"]: p.get("tflops") for p in peers}
+        row.default_tflops = row.tflops if default == row.config else statistics.median(defaults) if defaults else None
+    row.peers = {name: _median(values) for name, values in peers.items()}
+    row.rounds = rounds
+    if ablate and row.tflops:
+        for name, variant in _ablations(space, row, device).items():
+            row.ablations[name], _ = _time(
+                worker, space, variant, row.problem, device, settings, f"ablate-{name}", compiler
+            )
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the figures a peer gave (a round where it did not run gives None), None if it never ran."""
+    ran = [v for v in values if v]
+    return statistics.median(ran) if ran else None
 
 
 def _row_line(row: BenchRow, i: int, total: int) -> str:
@@ -287,7 +317,12 @@ def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, sto
         f"(sm_{info['arch']}, driver {info.get('driver_version', info.get('driver', '?'))}, SM clock "
         f"{info.get('sm_clock_mhz', '?')} MHz), flashtune {__version__}"
         + (f" at {commit}" if commit else "")
-        + f", studies in {mask_url(storage_url)}.",
+        + f", studies in {mask_url(storage_url)}"
+        + (
+            f"; each figure the median of {rounds} interleaved rounds."
+            if (rounds := max((r.rounds for r in rows), default=0)) > 1
+            else "."
+        ),
         "",
         "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM "
         "| default | default vs cuDNN | note |",

@@ -29,8 +29,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _bench_suite(args)
     if args.tuned:
         raise UsageError("--tuned goes with --api --config auto")
-    if args.ablate or args.output:
-        raise UsageError("--ablate and --output go with --suite")
+    if args.ablate or args.output or args.rounds is not None:
+        raise UsageError("--ablate, --output and --rounds go with --suite")
     if args.study:
         if args.config:
             raise UsageError("--study times the study's winner; drop --config (or --study, to time a config)")
@@ -79,7 +79,7 @@ def _bench_api(args: argparse.Namespace) -> int:
 
 def _bench_suite(args: argparse.Namespace) -> int:
     """``bench --suite FILE``: each study's winner against the peers, as a Markdown table (and JSON)."""
-    from ..bench import bench_suite, markdown_table
+    from ..bench import ROUNDS, bench_suite, markdown_table
     from ..files import check_output_path, is_stream, write_text
     from ..study import load_suite, suite_storage
 
@@ -107,6 +107,7 @@ def _bench_suite(args: argparse.Namespace) -> int:
             ablate=args.ablate,
             log=sys.stderr,
             compile_workers=default_compile_workers(),
+            rounds=ROUNDS if args.rounds is None else args.rounds,
         )
     table = markdown_table(rows, info, suite, storage_url)
     if args.output:

@@ -65,6 +65,18 @@ def _samples(text: str) -> int:
     return value
 
 
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of rounds (1, 2, ...), not {printable(text, 40)!r}"
+        ) from None
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected 1 to 100 rounds, not {value}")
+    return value
+
+
 def _gpu_index(text: str) -> int:
     try:
         value = int(text)
@@ -282,6 +294,12 @@ def _add_bench(sub) -> None:
         help="with --suite: also time each winner with each tuned knob put back to its default",
     )
     p.add_argument("-o", "--output", type=_output, help="with --suite: Markdown file to write (and a .json beside it)")
+    p.add_argument(
+        "--rounds",
+        type=_rounds,
+        help="with --suite: interleaved rounds of the winner, the default and the peers per problem; each figure "
+        "is the median (default 3)",
+    )
     p.add_argument(
         "--api",
         action="store_true",
