@@ -79,9 +79,6 @@
 #ifndef FT_TAIL_SPLITS
 #define FT_TAIL_SPLITS 1  // persistent: key ranges per tile of the last, partly filled wave (at most; 1 = no split)
 #endif
-#ifndef FT_L2_SWIZZLE_MB
-#define FT_L2_SWIZZLE_MB 0  // unit order: 0 one head after another; S: heads in sections of S MB of K/V (tile_scheduler.cuh)
-#endif
 
 // ---- device limits -----------------------------------------------------------------------
 // The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
@@ -136,7 +133,6 @@ constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kKvSplits = FT_KV_SPLITS;
 constexpr int kTailSplits = FT_TAIL_SPLITS;
-constexpr int kL2SwizzleMb = FT_L2_SWIZZLE_MB;
 // Do units compute part of a tile's key blocks (then partials are merged: epilogue.cuh)? Split-KV always, the
 // tail split for the tiles of the last partial wave (the split count is the scheduler's, at run time).
 constexpr bool kSplitKeys = kKvSplits > 1 || kTailSplits > 1;
@@ -201,7 +197,6 @@ static_assert(kKvSplits >= 1 && kKvSplits <= 8, "kv_splits: 1 (no split) to 8 ke
 static_assert(kTailSplits >= 1 && kTailSplits <= 4, "tail_splits: 1 (no split) to 4 key ranges per tile of the last wave");
 static_assert(kTailSplits == 1 || kPersistent,
               "tail_splits > 1 splits the last wave of persistent CTAs: set persistent=1 or tail_splits=1");
-static_assert(kL2SwizzleMb >= 0 && kL2SwizzleMb <= 1024, "l2_swizzle_mb: 0 (one head after another) to 1024 MB");
 static_assert(kTailSplits == 1 || kKvSplits == 1,
               "kv_splits and tail_splits are alternatives (split every tile, or the last wave's): set one of them to 1");
 

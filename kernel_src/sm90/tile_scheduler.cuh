@@ -27,13 +27,6 @@
 //   unit = tile * S + split, so the S units of a tile run at the same time (its Q, and its head's K/V,
 //   come from L2).
 //   Each orders, persists and fetches exactly as above, over S times the units (the grid: space file).
-//   FT_L2_SWIZZLE_MB=S > 0 (FA3's L2 swizzle): the (batch, head) pairs, batch-major, form sections of
-//   h = max(1, S MB / one KV head's K and V) * (heads_q / heads_kv) pairs (GQA heads share their KV head), the
-//   last section fewer; within a section the query-block group is the slower index and the head the faster:
-//   tile = section * m_groups * h + (m_groups - 1 - group) * h_here + (pair - section * h), h_here the pairs of
-//   this section. CTAs running together then take the same query block of h heads (whose K and V fit S MB of
-//   L2) instead of every block of one head, and causal units of one length run together. S = 0, or a section
-//   of one pair (a KV head of more than S MB without GQA), is the order above.
 //   FT_TAIL_SPLITS=S > 1 (tail split, persistent): of T tiles on G clusters the last r = T mod G form a partly
 //   filled last wave; each of them is s = min(S, G / r) units (none when r = 0 or s = 1), over s contiguous key
 //   ranges as with split-KV, numbered after the T - r whole tiles, the split index fastest:
@@ -59,23 +52,16 @@ __host__ __device__ __forceinline__ unsigned counter_add(unsigned* word, unsigne
 
 // Host-callable too: tests/kernels/sm90_schedule_check.cu checks it exhaustively on the CPU.
 struct TileScheduler {
-  int m_groups, heads, pairs, units;  // pairs: batch * heads
-  int section = 1;  // (batch, head) pairs per L2 section (FT_L2_SWIZZLE_MB; 1: one head after another)
+  int m_groups, heads, units;
   int unit, stride;
   int cluster, round = 0;
   int whole_tiles = 0, tail_splits = 1;  // FT_TAIL_SPLITS > 1: tiles [0, whole_tiles) are one unit, the rest s each
 
   // block = (blockIdx.x, blockIdx.y, blockIdx.z), grid_x = gridDim.x
-  __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
-                                                    int block_x, int block_y, int block_z, int grid_x)
-      : m_groups((seqlen_q + kBlockM * kClusterCtas - 1) / (kBlockM * kClusterCtas)), heads(heads_q),
-        pairs(heads_q * batch) {
-    units = m_groups * pairs * kKvSplits;
-    if constexpr (kL2SwizzleMb > 0) {
-      const long long kv_head_bytes = 2LL * seqlen_k * kHeadDim * 2;  // K and V of one KV head, 2-byte elements
-      const long long fit = (static_cast<long long>(kL2SwizzleMb) << 20) / (kv_head_bytes > 0 ? kv_head_bytes : 1);
-      section = static_cast<int>(fit < 1 ? 1 : fit > pairs ? pairs : fit) * (heads_q / heads_kv);
-    }
+  __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
+                                                    int block_z, int grid_x)
+      : m_groups((seqlen_q + kBlockM * kClusterCtas - 1) / (kBlockM * kClusterCtas)), heads(heads_q) {
+    units = m_groups * heads * batch * kKvSplits;
     cluster = block_x / kClusterCtas;
     if constexpr (kPersistent) {
       unit = cluster;
@@ -140,34 +126,11 @@ struct TileScheduler {
     return units / kKvSplits;
   }
 
-  // The tile's (batch * heads + head) pair and its query-block group's place in the order (0: the last
-  // group, the longest causal one), by the sections above (one pair per section: pair-major).
-  __host__ __device__ __forceinline__ void place(int& pair, int& rank_in_order) const {
-    if constexpr (kL2SwizzleMb == 0) {  // one pair per section, without the section arithmetic (registers)
-      pair = tile() / m_groups;
-      rank_in_order = tile() % m_groups;
-      return;
-    }
-    const int t = tile(), span = m_groups * section, first = t / span * section;
-    const int here = pairs - first < section ? pairs - first : section, r = t % span;  // this section's pairs
-    pair = first + r % here;
-    rank_in_order = r / here;
-  }
   __host__ __device__ __forceinline__ int m_block(int rank) const {
-    int pair, order;
-    place(pair, order);
-    return (m_groups - 1 - order) * kClusterCtas + rank;
+    return (m_groups - 1 - tile() % m_groups) * kClusterCtas + rank;
   }
-  __host__ __device__ __forceinline__ int head() const {
-    int pair, order;
-    place(pair, order);
-    return pair % heads;
-  }
-  __host__ __device__ __forceinline__ int batch() const {
-    int pair, order;
-    place(pair, order);
-    return pair / heads;
-  }
+  __host__ __device__ __forceinline__ int head() const { return (tile() / m_groups) % heads; }
+  __host__ __device__ __forceinline__ int batch() const { return tile() / m_groups / heads; }
 };
 
 }  // namespace ft_sm90

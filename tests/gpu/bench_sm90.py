@@ -224,9 +224,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "scheduler": 1,
             **({"q_stages": 1} if head_dim == 256 else {}),
         }
-    # the L2 swizzle: sections of heads whose K/V fit this many MB, the query block slower (persistent, dynamic)
-    for mb in (16, 32, 64):
-        v[f"l2_{mb}"] = {"l2_swizzle_mb": mb, **({} if head_dim == 256 else {"persistent": 1, "scheduler": 1})}
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)

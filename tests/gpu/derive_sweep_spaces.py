@@ -21,16 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "search_spaces" / "sm90.toml"
 OUT = REPO / "tests" / "data" / "sweep_spaces"
 
-_HELD = dict(
-    kv_barriers=[2],
-    rescale_slack=[8],
-    pv_split=[0],
-    p_smem=[0],
-    poly_exp=[0],
-    kv_splits=[1],
-    tail_splits=[1],
-    l2_swizzle_mb=[0],
-)
+_HELD = dict(kv_barriers=[2], rescale_slack=[8], pv_split=[0], p_smem=[0], poly_exp=[0], kv_splits=[1], tail_splits=[1])
 _SCHEDULE = dict(intra_wg_overlap=[0, 1], pingpong=[0, 1], cta_mode=[1, 2], persistent=[0, 1], scheduler=[0, 1])
 #: name -> (head dim, knob -> values); knobs not named keep all of sm90.toml's values
 SPACES: dict[str, tuple[int, dict[str, list[int]]]] = {

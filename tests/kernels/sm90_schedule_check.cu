@@ -15,10 +15,9 @@
 // kernel makes them when every unit takes as long as its key blocks: the CTA that finishes first
 // fetches next (ties: the lower CTA). The counter must be back to zero after the last CTA retires.
 //
-// usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV [units-only | order]
+// usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV [units-only]
 // Prints "ok <units visited> <max load> <total load>" (load: key blocks a cluster visits) and exits 0,
-// or prints the first violation and exits 1. "units-only" skips the per-row and per-key checks; "order" prints
-// "pair m_block" (pair: batch * HEADS_Q + head) of every unit in unit order, one per line, and checks nothing.
+// or prints the first violation and exits 1. "units-only" skips the per-row and per-key checks.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -55,7 +54,7 @@ static std::vector<std::vector<TileScheduler>> cluster_units(int gx, int gy, int
     for (int by = 0; by < gy; ++by)
       for (int bx = 0; bx < gx; bx += kClusterCtas) {
         out.emplace_back();
-        TileScheduler s(batch, sq, sk, hq, hkv, bx, by, bz, gx);
+        TileScheduler s(batch, sq, hq, bx, by, bz, gx);
         first.push_back(s);
         if constexpr (!kDynamicScheduler)
           for (; s.valid(); s.next()) out.back().push_back(s);
@@ -93,14 +92,6 @@ int main(int argc, char** argv) {
   const int batch = std::atoi(argv[4]), sq = std::atoi(argv[5]), sk = std::atoi(argv[6]);
   const int hq = std::atoi(argv[7]), hkv = std::atoi(argv[8]);
   const bool units_only = argc == 10 && std::strcmp(argv[9], "units-only") == 0;
-  if (argc == 10 && std::strcmp(argv[9], "order") == 0) {
-    TileScheduler s(batch, sq, sk, hq, hkv, 0, 0, 0, gx);
-    for (int u = 0; u < s.units; ++u) {
-      s.unit = u;
-      std::printf("%d %d\n", s.batch() * hq + s.head(), s.m_block(0));
-    }
-    return 0;
-  }
   if (gx % kClusterCtas) return fail("grid x is not a multiple of the cluster size", gx, kClusterCtas, 0, 0);
   if (kDynamicScheduler && (gy != 1 || gz != 1)) return fail("a dynamic grid is one row of CTAs", gy, gz, 0, 0);
   const int m_blocks = (sq + kBlockM - 1) / kBlockM;
@@ -108,19 +99,12 @@ int main(int argc, char** argv) {
   std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
   const int n_blocks = (sk + kBlockN - 1) / kBlockN;
   std::vector<int> covered(visits.size() * n_blocks, 0);  // per query block: how many splits visit each key block
-  // the splits each tile takes, from the grid (see the top). A tile's index: its (b * hq + h) pair's L2 section
-  // (FT_L2_SWIZZLE_MB: pairs whose KV heads' K and V fit the budget, times the GQA group; 1 pair without it), the
-  // query-block group (last first) slower than the pair within the section
+  // the splits each tile takes, from the grid (see the top); tile = (b * hq + h) * m_groups + m_groups - 1 - group
   const int m_groups = m_padded / kClusterCtas, tiles = m_groups * hq * batch, ctas = gx / kClusterCtas;
   const int tail = kTailSplits > 1 ? tiles % ctas : 0;
   const int tail_splits = tail == 0 ? 1 : (kTailSplits < ctas / tail ? kTailSplits : ctas / tail);
-  long long fit = kL2SwizzleMb > 0 ? (static_cast<long long>(kL2SwizzleMb) << 20) / (4LL * sk * kHeadDim) : 1;
-  fit = fit < 1 ? 1 : fit > static_cast<long long>(hq) * batch ? static_cast<long long>(hq) * batch : fit;
-  const int section = kL2SwizzleMb > 0 ? static_cast<int>(fit) * (hq / hkv) : 1;
   const auto splits_of = [&](int b, int h, int m) {
-    const int pair = b * hq + h, first = pair / section * section;
-    const int here = hq * batch - first < section ? hq * batch - first : section;
-    const int tile = first * m_groups + (m_groups - 1 - m / kClusterCtas) * here + (pair - first);
+    const int tile = (b * hq + h) * m_groups + m_groups - 1 - m / kClusterCtas;
     return kTailSplits > 1 ? (tile >= tiles - tail ? tail_splits : 1) : kKvSplits;
   };
   unsigned counter[2] = {0, 0};

@@ -86,7 +86,7 @@ def test_sm90_every_tail_splits_value_builds_without_spills(head_dim):
             assert not kernel.resources.spills, (splits, problem.slug(), kernel.resources)
 
 
-LATER_KNOBS = ("tail_splits", "p_smem", "l2_swizzle_mb")
+LATER_KNOBS = ("tail_splits", "p_smem")
 
 
 @pytest.mark.parametrize("family", ["sm80", "sm90"])

@@ -65,17 +65,8 @@ CONFIGS = {
     "tail4_two_ctas_per_sm": (128, ANY["tail4_two_ctas_per_sm"]),
     "tail3_d64": (64, {"tail_splits": 3}),
     "tail4_d256_one_q_stage": (256, D256["d256_persistent_one_q_stage_tail4"]),
-    # the L2 swizzle (sections of heads, the query block slower than the head): with the dynamic and the static
-    # order, one CTA per block, the tail split, split-KV in a cluster, d64; run over long keys by test_l2_*
-    "l2_16_dynamic": (128, {"l2_swizzle_mb": 16}),
-    "l2_64_static_snake": (128, {"l2_swizzle_mb": 64, "persistent": 1, "scheduler": 0}),
-    "l2_32_one_per_block": (128, {"l2_swizzle_mb": 32, "persistent": 0}),
-    "l2_16_tail2": (128, {"l2_swizzle_mb": 16, "tail_splits": 2}),
-    "l2_16_split2_cluster": (128, {"l2_swizzle_mb": 16, "kv_splits": 2, **CLUSTER}),
-    "l2_16_d64": (64, {"l2_swizzle_mb": 16}),
 }
 TAIL = [name for name in CONFIGS if name.startswith("tail")]
-L2 = [name for name in CONFIGS if name.startswith("l2_")]
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
 # that see no key; a causal offset of 1 and of 2 * 128 + 1 puts a warpgroup's last visible key alone in
@@ -308,60 +299,3 @@ def test_a_broken_tail_split_is_caught(tmp_path, fault, caught):
     )
     failed = [ctas for ctas in (5, 20, 31) if _run(exe, (ctas, 1, 1), 2, 1000, 1000, 8, 2).returncode != 0]
     assert failed, "the planted fault went unnoticed"
-
-
-# (batch, seqlen_q, seqlen_k, heads_q, heads_kv) whose KV heads hold 4.5-20 MB of K and V at d128 (2.3-10 at d64):
-# sections of one pair, of a few, a last section with fewer pairs, GQA groups of 2 and 3
-L2_SHAPES = [(1, 700, 16384, 6, 3), (2, 300, 20000, 5, 5), (1, 400, 40000, 3, 1), (3, 200, 9000, 4, 2)]
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name", L2)
-def test_l2_sections_cover_every_query_block_once_and_every_visible_key(binaries, name, causal):
-    space, device, built = binaries
-    exe, config = built[name, causal]
-    for batch, sq, sk, hq, hkv in L2_SHAPES:
-        problem = Problem(
-            batch=batch, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0], causal=causal
-        )
-        grid = space.launch(config, problem, device).grid
-        run = _run(exe, grid, batch, sq, sk, hq, hkv)
-        assert run.returncode == 0 and run.stdout.startswith("ok"), (name, problem.slug(), grid, run.stdout, run.stderr)
-
-
-def _sections(budget_mb: int, batch: int, sk: int, hq: int, hkv: int, head_dim: int) -> int:
-    """(batch, head) pairs per L2 section, as the knob's help says: the KV heads whose K and V fit the budget
-    (at least one, at most every pair), times the GQA group; one pair without the swizzle."""
-    if budget_mb == 0:
-        return 1
-    fit = (budget_mb << 20) // (2 * sk * head_dim * 2)
-    return max(1, min(batch * hq, fit)) * (hq // hkv)
-
-
-@pytest.mark.parametrize("name", ["default", "l2_16_dynamic", "l2_64_static_snake", "l2_16_d64"])
-def test_l2_order_takes_one_query_block_of_a_sections_heads_before_the_next_block(binaries, name):
-    """Unit order, one unit after another: the pairs of a section share each query block (last block first),
-    the pair fastest; the next section starts when the first's blocks are done. Without the swizzle a section
-    is one pair: every block of one head, then the next head."""
-    space, device, built = binaries
-    exe, config = built[name, False]
-    head_dim = CONFIGS[name][0]
-    for batch, sq, sk, hq, hkv in L2_SHAPES:
-        run = _run(exe, (132, 1, 1), batch, sq, sk, hq, hkv, "order")
-        got = [tuple(map(int, line.split())) for line in run.stdout.split("\n") if line]
-        block_m = space.environment(config, Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim), device)[
-            "block_m"
-        ]
-        m_groups, pairs = -(-sq // block_m), batch * hq
-        section = _sections(config["l2_swizzle_mb"], batch, sk, hq, hkv, head_dim)
-        want = [
-            (pair, m_groups - 1 - order)
-            for first in range(0, pairs, section)
-            for order in range(m_groups)
-            for pair in range(first, min(first + section, pairs))
-        ]
-        assert got == want, (name, (batch, sq, sk, hq, hkv), section)
-    if name != "default":  # the shapes give sections of more than one pair and fewer than all
-        assert any(
-            1 < _sections(config["l2_swizzle_mb"], b, sk, hq, hkv, head_dim) < b * hq for b, _, sk, hq, hkv in L2_SHAPES
-        )
