@@ -312,17 +312,14 @@ def _heads(p: Problem) -> str:
 def markdown_table(rows: list[BenchRow], info: dict[str, Any], suite: Suite, storage_url: str) -> str:
     """The table BENCHMARKS.md records, with the date, GPU, driver, clock, version and commit above it."""
     commit = _git_commit()
+    rounds = max((r.rounds for r in rows), default=0)
     lines = [
         f"`flashtune bench --suite {suite.path.name}` — {dt.date.today().isoformat()}, {info['name']} "
         f"(sm_{info['arch']}, driver {info.get('driver_version', info.get('driver', '?'))}, SM clock "
         f"{info.get('sm_clock_mhz', '?')} MHz), flashtune {__version__}"
         + (f" at {commit}" if commit else "")
         + f", studies in {mask_url(storage_url)}"
-        + (
-            f"; each figure the median of {rounds} interleaved rounds."
-            if (rounds := max((r.rounds for r in rows), default=0)) > 1
-            else "."
-        ),
+        + (f"; each figure the median of {rounds} interleaved rounds." if rounds > 1 else "."),
         "",
         "| dtype | D | heads | causal | N | batch | flashtune | cuDNN | FA2 | vs cuDNN | vs FA2 | vs GEMM "
         "| default | default vs cuDNN | note |",

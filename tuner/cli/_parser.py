@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from .._version import __version__
+from ..bench import ROUNDS as BENCH_ROUNDS
 from ..devices import KNOWN_ARCHS
 from ..problem import DTYPES
 from ..run import DEFAULT_NOISE_FLOOR, DEFAULT_ROUNDS, default_compile_workers
@@ -298,7 +299,7 @@ def _add_bench(sub) -> None:
         "--rounds",
         type=_rounds,
         help="with --suite: interleaved rounds of the winner, the default and the peers per problem; each figure "
-        "is the median (default 3)",
+        f"is the median (default {BENCH_ROUNDS})",
     )
     p.add_argument(
         "--api",
