@@ -162,6 +162,25 @@ SWEEPS = (
         held_out=True,
         rate=9.0,
     ),
+    # sweeps 12-14 (2026-12-04, session 19), the same spaces as 7-11, held out
+    Sweep(
+        "d128-fp16-full-b4-h24-n3000",
+        "sm90_sweep_d128c",
+        _flags("fp16", 128, False, 4, 3000, 24),
+        held_out=True,
+    ),
+    Sweep(
+        "d64-bf16-full-b8-h16-n1024",
+        "sm90_sweep_d64c",
+        _flags("bf16", 64, False, 8, 1024, 16),
+        held_out=True,
+    ),
+    Sweep(
+        "d64-fp16-causal-gqa32x8-b2-n4096",
+        "sm90_sweep_d64c",
+        _flags("fp16", 64, True, 2, 4096, 32, 8),
+        held_out=True,
+    ),
 )
 BY_NAME = {s.name: s for s in SWEEPS}
 

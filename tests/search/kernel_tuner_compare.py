@@ -86,7 +86,7 @@ INSTALL = (
     "and run with PYTHONPATH=/tmp/ktsite"
 )
 
-#: the thirteen exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data);
+#: the sixteen exhaustive H200 sweeps of tests/data/README.md: name -> (database, study, space file under tests/data);
 #: the two of sm90_small.toml, then those tests/gpu/measure_sweeps.py measures
 SWEEPS = {
     "small-fp16-causal-n4096": ("h200_sm90_small_grid.db", "grid-small", "sm90_small.toml"),
