@@ -12,6 +12,7 @@ import pytest
 from tests.fakes.fake_gpu import FakeGpu
 from tests.fakes.standin_tuner import PROBLEM, standin_compile, standin_tflops
 from tuner.bench import bench_suite, markdown_table
+from tuner.gpu import GEMM_PEER, PEER_NAMES
 from tuner.run import RunSpec, TuneSettings, Worker, gpu_infos, prepare_study, run_on_gpus
 from tuner.space import load_space
 from tuner.study import load_suite
@@ -127,47 +128,62 @@ def test_compiling_up_front_in_a_pool_gives_the_same_rows(tuned, tmp_path, monke
 
 
 class _Drifting:
-    """The worker, recording the order of its calls and scaling every figure by the round's drift (a GPU whose
-    clock moves during the run): round i of a problem scales ours and the peers alike by DRIFT[i]."""
+    """The worker, recording the order of its calls (a peer by its name) and scaling every figure by the round's
+    drift (a GPU whose clock moves during the run): the i-th call of a round of ``per_round`` calls scales by
+    DRIFT[round % 3], whichever kernel it times."""
 
     DRIFT = (1.0, 0.8, 1.1)
 
-    def __init__(self, worker) -> None:
+    def __init__(self, worker, per_round: int) -> None:
         self.worker = worker
+        self.per_round = per_round
         self.calls: list[str] = []
-        self._round = 0
+
+    def _scale(self) -> float:
+        return self.DRIFT[(len(self.calls) - 1) // self.per_round % 3]
 
     def measure(self, job, **kwargs):
         self.calls.append(job.tag)
         result = self.worker.measure(job, **kwargs)
-        return dataclasses.replace(result, tflops=result.tflops * self.DRIFT[self._round % 3])
+        return dataclasses.replace(result, tflops=result.tflops * self._scale())
 
-    def peers(self, problem, settings, **kwargs):
-        self.calls.append("peers")
-        scale = self.DRIFT[self._round % 3]
-        self._round += 1
-        return [
-            {**p, "tflops": p["tflops"] * scale if p.get("tflops") else None}
-            for p in self.worker.peers(problem, settings, **kwargs)
-        ]
+    def peers(self, problem, settings, names=None, **kwargs):
+        rows = self.worker.peers(problem, settings, names, **kwargs)
+        out = []
+        for p in rows:
+            self.calls.append(p["name"])
+            out.append({**p, "tflops": p["tflops"] * self._scale() if p.get("tflops") else None})
+        return out
+
+
+SDPA = [name for name in PEER_NAMES if name != GEMM_PEER]
 
 
 def test_rounds_interleave_ours_the_default_and_the_peers_and_keep_each_ones_median(tuned):
-    """Each round times the winner, the default (where it differs) and then the peers; each figure is the median
-    over the rounds, so a drift during the run moves ours and the peers' alike and leaves the ratio."""
+    """Each round times the winner, the default (where it differs) and the SDPA peers, round r starting r places
+    along that list; each figure is the median over the rounds, so a drift during the run moves ours and the peers'
+    alike and leaves the ratio. The GEMM comes once, after the rounds (the card's clocks drop after it)."""
     suite, url, info = tuned
+    default = load_space("sm80").defaults(problem=suite.problems[0])
     with Worker(handler=HANDLER) as worker:
-        drifting = _Drifting(worker)
-        row = bench_suite(drifting, info, suite, url, compiler=standin_compile, rounds=3)[0]
         once = bench_suite(worker, info, suite, url, compiler=standin_compile, rounds=1)[0]
-    default = load_space("sm80").defaults(problem=row.problem)
-    own = ["bench-suite", *(["default"] if default != row.config else [])]
-    assert drifting.calls[: 3 * (len(own) + 1)] == [*own, "peers"] * 3
+        steps = ["bench-suite", *(["default"] if default != once.config else []), *SDPA]
+        drifting = _Drifting(worker, per_round=len(steps))
+        row = bench_suite(drifting, info, suite, url, compiler=standin_compile, rounds=3)[0]
+    rotated = [
+        step
+        for r in range(3)
+        for step in (["bench-suite", "default", *SDPA][r:] + ["bench-suite", "default", *SDPA][:r])
+    ]
+    expected = [step for step in rotated if step in steps] + [GEMM_PEER]
+    assert drifting.calls[: len(expected)] == expected
+    assert drifting.calls[len(expected) - 1] == GEMM_PEER and drifting.calls.count(GEMM_PEER) == 1
     assert row.rounds == 3 and once.rounds == 1
     assert row.tflops == pytest.approx(once.tflops)  # median of (1.0, 0.8, 1.1) x its figure
     assert row.peers["sdpa_cudnn_attention"] == pytest.approx(150.0)
     assert row.ratio("cudnn") == pytest.approx(once.ratio("cudnn"))
     assert row.peers["sdpa_efficient_attention"] is None  # refused in every round
+    assert row.peers[GEMM_PEER] == pytest.approx(300.0 * _Drifting.DRIFT[0])  # timed once, in a fourth "round"
     assert "each figure the median of 3 interleaved rounds" in markdown_table([row], info, suite, url)
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         bench_suite(worker, info, suite, url, compiler=standin_compile, rounds=0)

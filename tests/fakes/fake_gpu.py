@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 
-from tuner.gpu import MeasureJob, MeasureResult, MeasureSettings
+from tuner.gpu import PEER_NAMES, MeasureJob, MeasureResult, MeasureSettings
 from tuner.problem import Problem
 
 from .standin_tuner import standin_tflops
@@ -77,14 +78,22 @@ class FakeGpu:
         time.sleep(0.02)
         return MeasureResult(status="ok", latency_ms=1.0, tflops=standin_tflops(job.config), reps=1, spread=0.0)
 
-    def run_peers(self, problem: Problem, settings: MeasureSettings | None) -> list[dict[str, object]]:
-        """Peers with fixed figures: cuDNN 150, FA2 100, efficient refusing, the GEMM 300 TFLOPS."""
-        return [
+    def run_peers(
+        self, problem: Problem, settings: MeasureSettings | None, names: Collection[str] | None = None
+    ) -> list[dict[str, object]]:
+        """Peers with fixed figures: cuDNN 150, FA2 100, efficient refusing, the GEMM 300 TFLOPS (those of
+        ``names``, default all, in PEER_NAMES' order; another name is refused as the real handler refuses it)."""
+        rows = [
             {"name": "sdpa_flash_attention", "latency_ms": 1.0, "tflops": 100.0, "detail": ""},
             {"name": "sdpa_cudnn_attention", "latency_ms": 1.0, "tflops": 150.0, "detail": ""},
             {"name": "sdpa_efficient_attention", "latency_ms": None, "tflops": None, "detail": "refused"},
             {"name": "cublas_gemm_8192", "latency_ms": 1.0, "tflops": 300.0, "detail": "random inputs"},
         ]
+        assert [r["name"] for r in rows] == list(PEER_NAMES)
+        unknown = set(names or ()) - set(PEER_NAMES)
+        if unknown:
+            raise ValueError(f"unknown peers {sorted(unknown)}")
+        return [r for r in rows if names is None or r["name"] in names]
 
     # -- calls of the worker's tests ---------------------------------------------------------------
     def pid(self) -> int:

@@ -4,11 +4,13 @@ request, adaptive timing and the accounting of where a job's time goes (tuner.gp
 from __future__ import annotations
 
 import statistics
+import time
 
 import pytest
 
-from tuner.gpu import MeasureSettings
+from tuner.gpu import GEMM_COOLDOWN_S, GEMM_PEER, PEER_NAMES, MeasureSettings
 from tuner.problem import Problem
+from tuner.run import WorkerError
 
 pytestmark = pytest.mark.gpu
 
@@ -75,6 +77,22 @@ def test_peers_are_timed_the_same_way(worker):
     assert any(r["name"].startswith("cublas_gemm") for r in timed)
     for r in timed:
         assert r["reps"] >= MeasureSettings().min_reps and r["rel_ci"] is not None and r["tflops"] > 0
+    assert [r["name"] for r in rows] == list(PEER_NAMES)
+
+
+def test_peers_are_timed_by_name_and_the_card_idles_after_the_gemm(worker):
+    """Only the peers asked for, in PEER_NAMES' order; an unknown name is refused; the GEMM's timing is followed by
+    GEMM_COOLDOWN_S of idle (its clocks drop: tuner/gpu/_peers.py)."""
+    rows = worker.peers(PROBLEM, MeasureSettings(), ("sdpa_cudnn_attention",), timeout_s=600)
+    if rows and rows[0]["name"] == "pytorch":
+        pytest.skip(rows[0]["detail"])
+    assert [r["name"] for r in rows] == ["sdpa_cudnn_attention"]
+    start = time.perf_counter()
+    rows = worker.peers(PROBLEM, MeasureSettings(), (GEMM_PEER,), timeout_s=600)
+    assert [r["name"] for r in rows] == [GEMM_PEER] and rows[0]["tflops"] > 0
+    assert time.perf_counter() - start >= GEMM_COOLDOWN_S
+    with pytest.raises(WorkerError, match="unknown peers"):
+        worker.peers(PROBLEM, MeasureSettings(), ("sdpa_math",), timeout_s=600)
 
 
 def test_preparing_a_problem_makes_its_inputs_before_the_first_job(worker, job_for):

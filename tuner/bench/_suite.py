@@ -2,11 +2,14 @@
 BENCHMARKS.md records (and, with ``--ablate``, what each tuned knob is worth).
 
 For each problem of the suite: the winner of its study on this GPU model is compiled, checked and
-timed by the GPU worker; then PyTorch SDPA (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION)
-and an 8192³ cuBLAS GEMM are timed by the same worker, right after. That is one round; ``rounds``
-interleaved rounds (default :data:`ROUNDS`) give each kernel's median, so that a drift of the GPU's
-clock or temperature during the run falls on ours and the peers alike, not on whichever ran last
-(a single sequential pass moved ratios by 5-8% on some shapes between runs). With ``ablate`` the winner is
+timed by the GPU worker, and PyTorch SDPA (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION) by the
+same worker. That is one round; ``rounds`` interleaved rounds (default :data:`ROUNDS`), each starting one
+place further along that list (so that no kernel always follows the same one), give each kernel's median, so
+that a drift of the GPU's clock or temperature during the run falls on ours and the peers alike, not on
+whichever ran last (a single sequential pass moved ratios by 5-8% on some shapes between runs). An 8192³ cuBLAS
+GEMM is timed once after the rounds, and the card idles after it (``tuner.gpu`` does): right after that GEMM
+attention kernels ran 12-26% slower on an H200, and with the GEMM inside the rounds ours, first in each, always
+followed it. With ``ablate`` the winner is
 also timed with each knob that differs from the family's default put back to the default, one
 knob at a time: winner / ablated is what that knob's tuned value is worth on that shape. The
 problem's default config (the space's defaults with its rules for this problem and device) is
@@ -31,7 +34,7 @@ import optuna
 from .._version import __version__
 from ..compile import CompileOutcome, compile_outcome
 from ..devices import DeviceLimits
-from ..gpu import MeasureSettings, measure_job_for
+from ..gpu import GEMM_PEER, PEER_NAMES, MeasureSettings, measure_job_for
 from ..problem import Problem
 from ..progress import Progress
 from ..run import Worker
@@ -50,7 +53,7 @@ from ..study import (
 
 __all__ = ["ROUNDS", "BenchRow", "bench_suite", "markdown_table"]
 
-PEERS = {"cudnn": "sdpa_cudnn_attention", "fa2": "sdpa_flash_attention", "gemm": "cublas_gemm_8192"}
+PEERS = {"cudnn": "sdpa_cudnn_attention", "fa2": "sdpa_flash_attention", "gemm": GEMM_PEER}
 ROUNDS = 3  # interleaved rounds of (winner, default, peers) per problem: each figure is its median
 
 
@@ -238,25 +241,40 @@ def _measure_row(
     compiler: Callable[..., CompileOutcome],
     rounds: int = 1,
 ) -> None:
-    """Time ``row``'s config, the problem's default and the peers in ``rounds`` interleaved rounds, keeping each
-    one's median (a config that fails keeps its first error and no figure), then the ablations once."""
+    """Time ``row``'s config, the problem's default and the SDPA peers in ``rounds`` interleaved rounds, round r
+    starting r places along (ours, the default, the peers), keeping each one's median (a config that fails keeps
+    its first error and no figure); then the GEMM once, and the ablations once."""
     if not (row.config or row.study):
         return
     default = _default(space, row, device) if row.config else None
     ours: list[float] = []
     defaults: list[float] = []
     peers: dict[str, list[float | None]] = {}
-    for _ in range(rounds):
+
+    def time_ours() -> None:
         if row.config and not row.note:
             tflops, row.note = _time(worker, space, row.config, row.problem, device, settings, "bench-suite", compiler)
             if tflops is not None:
                 ours.append(tflops)
-            if default != row.config:
-                tflops, _ = _time(worker, space, default, row.problem, device, settings, "default", compiler)
-                if tflops is not None:
-                    defaults.append(tflops)
-        for peer in worker.peers(row.problem, settings, timeout_s=900):
-            peers.setdefault(peer["name"], []).append(peer.get("tflops"))
+
+    def time_default() -> None:
+        if row.config and not row.note and default != row.config:
+            tflops, _ = _time(worker, space, default, row.problem, device, settings, "default", compiler)
+            if tflops is not None:
+                defaults.append(tflops)
+
+    def time_peers(names: tuple[str, ...]) -> Callable[[], None]:
+        def run() -> None:
+            for peer in worker.peers(row.problem, settings, names, timeout_s=900):
+                peers.setdefault(peer["name"], []).append(peer.get("tflops"))
+
+        return run
+
+    order = [time_ours, time_default, *(time_peers((name,)) for name in PEER_NAMES if name != GEMM_PEER)]
+    for r in range(rounds):
+        for step in order[r % len(order) :] + order[: r % len(order)]:
+            step()
+    time_peers((GEMM_PEER,))()
     row.tflops = statistics.median(ours) if ours and not row.note else None
     if row.config:
         row.default_tflops = row.tflops if default == row.config else statistics.median(defaults) if defaults else None

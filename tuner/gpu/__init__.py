@@ -22,13 +22,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._handler import CupyHandler, GpuHandler
-from ._jobs import TOLERANCES, MeasureJob, MeasureResult, MeasureSettings, Status, measure_job_for
+from ._jobs import (
+    GEMM_COOLDOWN_S,
+    GEMM_PEER,
+    PEER_NAMES,
+    TOLERANCES,
+    MeasureJob,
+    MeasureResult,
+    MeasureSettings,
+    Status,
+    measure_job_for,
+)
 
 if TYPE_CHECKING:
     from ._info import gpu_info
     from ._launch import Kernel, Launcher, LaunchError
 
 __all__ = [
+    "GEMM_COOLDOWN_S",
+    "GEMM_PEER",
+    "PEER_NAMES",
     "TOLERANCES",
     "CupyHandler",
     "GpuHandler",

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from ..problem import Problem
     from ._jobs import MeasureJob, MeasureResult, MeasureSettings
 
@@ -47,8 +49,11 @@ class GpuHandler(Protocol):
     def run_job(self, job: MeasureJob) -> MeasureResult:
         """Check and time one compiled kernel."""
 
-    def run_peers(self, problem: Problem, settings: MeasureSettings | None) -> list[dict[str, object]]:
-        """Time the peers (PyTorch SDPA backends, a cuBLAS GEMM) on ``problem``: a row each."""
+    def run_peers(
+        self, problem: Problem, settings: MeasureSettings | None, names: Collection[str] | None = None
+    ) -> list[dict[str, object]]:
+        """Time the peers (PyTorch SDPA backends, a cuBLAS GEMM; those of ``names``, default all) on ``problem``:
+        a row each, in the order of ``tuner.gpu.PEER_NAMES``."""
 
 
 class CupyHandler:
@@ -87,7 +92,9 @@ class CupyHandler:
 
         return run_job(job)
 
-    def run_peers(self, problem: Problem, settings: MeasureSettings | None) -> list[dict[str, object]]:
+    def run_peers(
+        self, problem: Problem, settings: MeasureSettings | None, names: Collection[str] | None = None
+    ) -> list[dict[str, object]]:
         from ._peers import time_peers
 
-        return time_peers(problem, settings)
+        return time_peers(problem, settings, names)

@@ -13,13 +13,33 @@ if TYPE_CHECKING:
     from ..devices import DeviceLimits
     from ..space import Config, Space
 
-__all__ = ["TOLERANCES", "MeasureJob", "MeasureResult", "MeasureSettings", "Status", "measure_job_for"]
+__all__ = [
+    "GEMM_COOLDOWN_S",
+    "GEMM_PEER",
+    "PEER_NAMES",
+    "TOLERANCES",
+    "MeasureJob",
+    "MeasureResult",
+    "MeasureSettings",
+    "Status",
+    "measure_job_for",
+]
 
 #: dtype -> (max relative L2 error of O, max abs error of LSE) against a float32 reference. A correct
 #: kernel's errors, simulated with the rounding of its inputs, P and O: O about 3e-4 (fp16) and 2.3e-3
 #: (bf16), LSE below 2e-5 (1.03e-4 with poly_exp's polynomial); one key dropped from a row of 8192
 #: gives LSE 1.1e-3 (its O error, 8.6e-3 in bf16, hides among the rounding). Not yet measured on a GPU.
 TOLERANCES = {"fp16": (2e-3, 1e-3), "bf16": (1e-2, 1e-3)}
+
+
+#: the peers the GPU worker times beside a kernel (``GpuHandler.run_peers``), by row name, in the order it times
+#: them: PyTorch SDPA's backends, then a large cuBLAS GEMM
+GEMM_PEER = "cublas_gemm_8192"
+PEER_NAMES = ("sdpa_flash_attention", "sdpa_cudnn_attention", "sdpa_efficient_attention", GEMM_PEER)
+#: idle seconds after the GEMM's timing: the GEMM draws the card to its power limit and its clocks take a while
+#: to come back. H200, 2026-12-04: right after a 100 ms burst of this GEMM, ours and cuDNN ran at 0.74-0.77x
+#: their speed after 150 ms idle on short d64 causal shapes, 0.83-0.88x at d128 N8192 (BENCHMARKS.md, session 19)
+GEMM_COOLDOWN_S = 0.3
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,19 +9,29 @@ frame them).
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Collection
 
 from ..problem import Problem
-from ._jobs import MeasureSettings
+from ._jobs import GEMM_COOLDOWN_S, GEMM_PEER, PEER_NAMES, MeasureSettings
 from ._stopping import TimingStats
 from ._timing import time_kernel
 
 __all__ = ["SDPA_BACKENDS", "time_peers"]
 
-SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+SDPA_BACKENDS = tuple(name.removeprefix("sdpa_").upper() for name in PEER_NAMES if name.startswith("sdpa_"))
 
 
-def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> list[dict[str, object]]:
-    """Rows ``{"name", "latency_ms", "tflops", "detail"}`` (and the timing's figures when timed)."""
+def time_peers(
+    problem: Problem, settings: MeasureSettings | None = None, names: Collection[str] | None = None
+) -> list[dict[str, object]]:
+    """Rows ``{"name", "latency_ms", "tflops", "detail"}`` (and the timing's figures when timed), one per peer of
+    ``names`` (default: :data:`PEER_NAMES`, all), in :data:`PEER_NAMES`' order. After the GEMM the card idles
+    :data:`GEMM_COOLDOWN_S`, so that whatever is timed next does not run on its lowered clocks."""
+    unknown = set(names or ()) - set(PEER_NAMES)
+    if unknown:
+        raise ValueError(f"unknown peers {sorted(unknown)}; the peers are {', '.join(PEER_NAMES)}")
+    wanted = set(PEER_NAMES if names is None else names)
     settings = settings or MeasureSettings()
     try:
         import torch
@@ -45,6 +55,8 @@ def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> lis
     rows: list[dict[str, object]] = []
     for backend in SDPA_BACKENDS:
         name = f"sdpa_{backend.lower()}"
+        if name not in wanted:
+            continue
         if p.causal and p.seqlen_q != p.seqlen_k:
             rows.append(
                 {
@@ -74,11 +86,14 @@ def time_peers(problem: Problem, settings: MeasureSettings | None = None) -> lis
             rows.append({"name": name, "detail": "", **_row(stats, p.flops)})
         except RuntimeError as e:
             rows.append({"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]})
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
-    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
-    stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
-    rows.append({"name": f"cublas_gemm_{n}", "detail": "random inputs", **_row(stats, 2.0 * n**3)})
+    if GEMM_PEER in wanted:
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+        stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
+        rows.append({"name": GEMM_PEER, "detail": "random inputs", **_row(stats, 2.0 * n**3)})
+        torch.cuda.synchronize()
+        time.sleep(GEMM_COOLDOWN_S)
     return rows
 
 

@@ -18,7 +18,7 @@ import pickle
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -190,10 +190,16 @@ class Worker:
         return self.call(self.handler.prepare, problem, settings, timeout_s=timeout_s)
 
     def peers(
-        self, problem: Problem, settings: MeasureSettings | None = None, *, timeout_s: float = 600.0
+        self,
+        problem: Problem,
+        settings: MeasureSettings | None = None,
+        names: Collection[str] | None = None,
+        *,
+        timeout_s: float = 600.0,
     ) -> list[dict[str, Any]]:
-        """The peers (PyTorch SDPA backends, a cuBLAS GEMM) timed on ``problem``: a row each."""
-        return self.call(self.handler.run_peers, problem, settings, timeout_s=timeout_s)
+        """The peers (PyTorch SDPA backends, a cuBLAS GEMM; those of ``names``, default all:
+        :data:`tuner.gpu.PEER_NAMES`) timed on ``problem``: a row each."""
+        return self.call(self.handler.run_peers, problem, settings, names, timeout_s=timeout_s)
 
     def measure(self, job: MeasureJob, *, timeout_s: float = 120.0) -> MeasureResult:
         """Run a measurement job; a hang, a crash or a CUDA error becomes the job's result. Only a
