@@ -35,8 +35,7 @@ def time_peers(
     settings = settings or MeasureSettings()
     try:
         import torch
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        from torch.nn.functional import scaled_dot_product_attention as sdpa
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401 (what _time_sdpa needs, checked here)
     except ImportError:
         return [{"name": "pytorch", "latency_ms": None, "tflops": None, "detail": "PyTorch is not installed"}]
     p = problem
@@ -54,47 +53,52 @@ def time_peers(
     )
     rows: list[dict[str, object]] = []
     for backend in SDPA_BACKENDS:
-        name = f"sdpa_{backend.lower()}"
-        if name not in wanted:
-            continue
-        if p.causal and p.seqlen_q != p.seqlen_k:
-            rows.append(
-                {
-                    "name": name,
-                    "latency_ms": None,
-                    "tflops": None,
-                    "detail": "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k",
-                }
-            )
-            continue
-        try:
-            with sdpa_kernel(getattr(SDPBackend, backend)):
-
-                def run() -> None:
-                    sdpa(
-                        q,
-                        k,
-                        v,
-                        is_causal=p.causal,
-                        scale=1.0 / math.sqrt(p.head_dim),
-                        enable_gqa=p.heads_q != p.heads_kv,
-                    )
-
-                run()
-                torch.cuda.synchronize()
-                stats = time_kernel(run, settings).stats
-            rows.append({"name": name, "detail": "", **_row(stats, p.flops)})
-        except RuntimeError as e:
-            rows.append({"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]})
+        if f"sdpa_{backend.lower()}" in wanted:
+            rows.append(_time_sdpa(backend, p, q, k, v, settings))
     if GEMM_PEER in wanted:
-        n = 8192
-        a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
-        b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
-        stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
-        rows.append({"name": GEMM_PEER, "detail": "random inputs", **_row(stats, 2.0 * n**3)})
-        torch.cuda.synchronize()
-        time.sleep(GEMM_COOLDOWN_S)
+        rows.append(_time_gemm(torch, dtype, gen, settings))
     return rows
+
+
+def _time_sdpa(backend: str, p: Problem, q, k, v, settings: MeasureSettings) -> dict[str, object]:
+    """One SDPA backend's row on ``q``, ``k``, ``v`` ([B, H, N, D] views); a backend that refuses the shape says why."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    name = f"sdpa_{backend.lower()}"
+    if p.causal and p.seqlen_q != p.seqlen_k:
+        detail = "SDPA's causal mask is top-left aligned; not comparable when seqlen_q != seqlen_k"
+        return {"name": name, "latency_ms": None, "tflops": None, "detail": detail}
+    try:
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+
+            def run() -> None:
+                sdpa(
+                    q,
+                    k,
+                    v,
+                    is_causal=p.causal,
+                    scale=1.0 / math.sqrt(p.head_dim),
+                    enable_gqa=p.heads_q != p.heads_kv,
+                )
+
+            run()
+            torch.cuda.synchronize()
+            stats = time_kernel(run, settings).stats
+        return {"name": name, "detail": "", **_row(stats, p.flops)}
+    except RuntimeError as e:
+        return {"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]}
+
+
+def _time_gemm(torch, dtype, gen, settings: MeasureSettings, n: int = 8192) -> dict[str, object]:
+    """The n^3 cuBLAS GEMM's row; then the card idles :data:`GEMM_COOLDOWN_S` (its clocks come back)."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
+    stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
+    torch.cuda.synchronize()
+    time.sleep(GEMM_COOLDOWN_S)
+    return {"name": GEMM_PEER, "detail": "random inputs", **_row(stats, 2.0 * n**3)}
 
 
 def _row(stats: TimingStats, flops: float) -> dict[str, object]:
