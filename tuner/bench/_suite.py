@@ -263,18 +263,18 @@ def _measure_row(
             if tflops is not None:
                 defaults.append(tflops)
 
-    def time_peers(names: tuple[str, ...]) -> Callable[[], None]:
+    def time_peer(names: tuple[str, ...]) -> Callable[[], None]:
         def run() -> None:
             for peer in worker.peers(row.problem, settings, names, timeout_s=900):
                 peers.setdefault(peer["name"], []).append(peer.get("tflops"))
 
         return run
 
-    order = [time_ours, time_default, *(time_peers((name,)) for name in PEER_NAMES if name != GEMM_PEER)]
+    order = [time_ours, time_default, *(time_peer((name,)) for name in PEER_NAMES if name != GEMM_PEER)]
     for r in range(rounds):
         for step in order[r % len(order) :] + order[: r % len(order)]:
             step()
-    time_peers((GEMM_PEER,))()
+    time_peer((GEMM_PEER,))()
     row.tflops = statistics.median(ours) if ours and not row.note else None
     if row.config:
         row.default_tflops = row.tflops if default == row.config else statistics.median(defaults) if defaults else None

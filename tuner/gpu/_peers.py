@@ -91,8 +91,10 @@ def _time_sdpa(backend: str, p: Problem, q, k, v, settings: MeasureSettings) -> 
         return {"name": name, "latency_ms": None, "tflops": None, "detail": str(e).splitlines()[0][:200]}
 
 
-def _time_gemm(torch, dtype, gen, settings: MeasureSettings, n: int = 8192) -> dict[str, object]:
-    """The n^3 cuBLAS GEMM's row; then the card idles :data:`GEMM_COOLDOWN_S` (its clocks come back)."""
+def _time_gemm(torch, dtype, gen, settings: MeasureSettings) -> dict[str, object]:
+    """The 8192^3 cuBLAS GEMM's row (:data:`GEMM_PEER`); then the card idles :data:`GEMM_COOLDOWN_S` (its clocks
+    come back)."""
+    n = 8192
     a = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
     b = torch.randn(n, n, device="cuda", dtype=dtype, generator=gen)
     stats = time_kernel(lambda: torch.matmul(a, b), settings).stats
