@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -269,11 +270,15 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
     else:
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.insert(1, {"name": "rules", "config": config, "diff": diff, "rules": True})
+    if _BASELINE:  # the problem's default again, built from the kernel sources under --baseline
+        diff = {k: v for k, v in config.items() if defaults[k] != v}
+        chosen.append({"name": "baseline", "config": config, "diff": diff, "root": _BASELINE[0]})
     return chosen, skipped
 
 
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
+_BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well
 
 
 def diff_text(diff: dict[str, int]) -> str:
@@ -283,13 +288,14 @@ def diff_text(diff: dict[str, int]) -> str:
 # ---- 2. compile ----------------------------------------------------------------------------------
 def _compile_one(arg: tuple) -> dict:
     """In a pool process: build one config; a failure is returned, not raised."""
-    config, problem_dict, device_dict = arg
+    config, problem_dict, device_dict, root = arg
     from tuner.compile import compile_config
 
+    space = load_space("sm90")
+    if root:  # --baseline: the same config built from another kernel tree
+        space = dataclasses.replace(space, root=Path(root).resolve())
     try:
-        kernel = compile_config(
-            load_space("sm90"), config, Problem.from_dict(problem_dict), DeviceLimits(**device_dict)
-        )
+        kernel = compile_config(space, config, Problem.from_dict(problem_dict), DeviceLimits(**device_dict))
         return {
             "ok": True,
             "cubin": kernel.cubin_path,
@@ -306,14 +312,18 @@ def static_key(problem: Problem) -> tuple:
     return (problem.dtype, problem.head_dim, problem.causal)
 
 
+def build_key(problem: Problem, entry: dict) -> tuple:
+    return (static_key(problem), config_key(entry["config"]), entry.get("root"))
+
+
 def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> None:
     """Fills entry["build"] of every planned config (one compile per distinct static problem and config)."""
     jobs: dict[tuple, tuple] = {}
     for plan in plans:
         for entry in plan["configs"]:
             jobs.setdefault(
-                (static_key(plan["problem"]), config_key(entry["config"])),
-                (entry["config"], plan["problem"].to_dict(), device.to_dict()),
+                build_key(plan["problem"], entry),
+                (entry["config"], plan["problem"].to_dict(), device.to_dict(), entry.get("root")),
             )
     workers = max(1, min(os.cpu_count() or 1, len(jobs)))
     log(f"compiling {len(jobs)} distinct configs on {workers} processes (cache {os.environ['FLASHTUNE_CACHE_DIR']})")
@@ -335,7 +345,7 @@ def compile_all(plans: list[dict], device: DeviceLimits, budget_s: float) -> Non
     failed = 0
     for plan in plans:
         for entry in plan["configs"]:
-            entry["build"] = builds[(static_key(plan["problem"]), config_key(entry["config"]))]
+            entry["build"] = builds[build_key(plan["problem"], entry)]
             failed += not entry["build"]["ok"]
     spills = sum(
         1
@@ -957,6 +967,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", help="comma-separated variant names to time beside the default (default: all)")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help=f"seconds for everything ({DEADLINE_S:.0f})")
     parser.add_argument("--ncu-shape", action="append", default=[], help="slug of a shape to profile (repeatable)")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also time each shape's default built from the kernel sources under DIR (a kernel_src tree, e.g. "
+        "of an earlier commit: git archive HEAD kernel_src | tar -x -C /tmp/base), as config 'baseline'",
+    )
     parser.add_argument("--ncu-run", help=argparse.SUPPRESS)  # internal: the process ncu profiles
     args = parser.parse_args(argv)
     if args.ncu_run:
@@ -973,6 +989,10 @@ def main(argv: list[str] | None = None) -> int:
     _NCU_RESERVE[0] = 0.0 if args.no_ncu else NCU_RESERVE_S
     _ONLY.update(n for n in (args.variants or "").split(",") if n)
     _NCU_SLUGS.update(args.ncu_shape)
+    if args.baseline:
+        if not (Path(args.baseline) / "sm90" / "flash_fwd.cu").is_file():
+            parser.error(f"--baseline {args.baseline}: no sm90/flash_fwd.cu there; give a kernel_src directory")
+        _BASELINE.append(str(Path(args.baseline).resolve()))
     if args.suite:
         from tuner.study import load_suite  # reads the suite file only (no storage is opened)
 

@@ -60,6 +60,36 @@ def test_the_plan_marks_the_problems_default_once():
     assert configs[1]["rules"] and configs[1]["diff"] == {"kv_splits": 2}
 
 
+def test_a_baseline_tree_times_the_problems_default_built_from_it(tmp_path, capsys):
+    """--baseline DIR: each shape's default once more, built from DIR's kernel sources (a build of its own)."""
+    space, device = load_space("sm90"), limits_for_arch(90)
+    problem = bench.make_problem(bench.SHAPES[0])
+    bench._BASELINE.append(str(tmp_path))
+    try:
+        configs, _ = bench.plan_shape(space, device, problem, quick=True)
+    finally:
+        bench._BASELINE.clear()
+    baseline = configs[-1]
+    assert baseline["name"] == "baseline" and baseline["root"] == str(tmp_path)
+    assert baseline["config"] == space.defaults(problem=problem, device=device)
+    default = next(c for c in configs if c.get("rules"))
+    assert bench.build_key(problem, baseline) != bench.build_key(problem, default)
+
+    # the build reads DIR's sources: a tree whose entry fails to preprocess fails to build
+    import shutil
+
+    shutil.copytree(bench.REPO / "kernel_src", tmp_path / "kernel_src")
+    entry = tmp_path / "kernel_src" / "sm90" / "flash_fwd.cu"
+    entry.write_text("#error this is the baseline tree\n" + entry.read_text())
+    arg = (baseline["config"], problem.to_dict(), device.to_dict(), str(tmp_path / "kernel_src"))
+    result = bench._compile_one(arg)
+    assert not result["ok"] and "nvcc failed" in result["detail"], result  # the tree in the package builds
+
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--out", str(tmp_path / "out"), "--baseline", str(tmp_path), "--no-ncu"])
+    assert stop.value.code == 2 and "no sm90/flash_fwd.cu there" in capsys.readouterr().err
+
+
 def test_quick_plan_is_small():
     space, device = load_space("sm90"), limits_for_arch(90)
     for shape in bench.QUICK_SHAPES:
