@@ -127,7 +127,8 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
   named_barrier_sync(barrier_id(BarrierId::kEpilogue0, wg), 128);
 
   const int first_row = blk.m0() + wg * kWgRows;
-  if (write && storing_thread && first_row < blk.seqlen_q) {
+  // has_rows: first_row >= 0 (block_info.cuh); the tensor map clips rows past seqlen_q
+  if (write && storing_thread && blk.has_rows(first_row, kWgRows)) {
     for (int p = 0; p < kPanels; ++p)
       ptx::tma_store_4d(tma_o, tile + p * kBlockM * kRowBytes, p * kPanelCols, first_row, blk.head, blk.batch);
     ptx::tma_store_commit();
@@ -139,7 +140,7 @@ __device__ __forceinline__ void store_o_lse(SharedStorage& smem, const BlockInfo
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = first_row + row0 + 8 * h;
-      if (row < blk.seqlen_q) lse_row[row] = lse[h];
+      if (blk.has_row(row)) lse_row[row] = lse[h];
     }
   }
   // One Q stage: waiting for the next unit's Q (which waits for this release) before handing the

@@ -260,14 +260,15 @@ struct Consumer {
   // The key blocks this warpgroup has nothing to compute for, consumed unread (their stages waited for
   // and released, as the other warpgroups need): causal, the CTA visits key blocks up to its last row's
   // diagonal (a cluster: the upper CTA's), but this warpgroup's rows may see fewer; and every block where
-  // all its rows are past seqlen_q (the padding of the last query block, e.g. the third warpgroup of a
-  // 192-row block at N 512), so that the other warpgroups get the tensor cores. Returns one past the last
+  // none of its rows exists (the padding of a query block, BlockInfo: e.g. the third warpgroup of the last
+  // 192-row block at N 512 without a causal mask, the first one of the first block with it), so that the
+  // other warpgroups get the tensor cores. Returns one past the last
   // key block left to compute (n_block_min() when none is). Ping-pong needs every warpgroup to take the
   // same turns: no skip.
   __device__ __forceinline__ int skip_masked_blocks(KvState& st) const {
     int n = blk.n_block_max;
     if constexpr (!kPingPong) {
-      const int visible = first_row >= blk.seqlen_q ? 0 : blk.n_block_visible(first_row, kWgRows);
+      const int visible = blk.has_rows(first_row, kWgRows) ? blk.n_block_visible(first_row, kWgRows) : 0;
       const int stop = max(visible, blk.n_block_min());
       for (; n > stop; --n) {
         wait_k(st);

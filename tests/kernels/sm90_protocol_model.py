@@ -30,6 +30,7 @@ What it checks, at every step:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -127,6 +128,10 @@ class Unit:
     causal: bool
     block_n: int
 
+    def has_rows(self, first_row: int, seqlen_q: int) -> bool:
+        """BlockInfo::has_rows for one warpgroup's 64 rows: does one of them lie in [0, seqlen_q)?"""
+        return first_row < seqlen_q and first_row + 64 > 0
+
     def visible(self, first_row: int) -> int:
         """BlockInfo::n_block_visible for one warpgroup's 64 rows."""
         if not self.causal:
@@ -140,13 +145,15 @@ def _unit(k: Knobs, s: Shape, index: int, rank: int) -> Unit:
     m_block = (m_groups - 1 - index % m_groups) * k.cta_mode + rank
     head, batch = (index // m_groups) % s.heads_q, index // m_groups // s.heads_q
     n_block_max = _ceil_div(s.seqlen_k, k.block_n)
+    shift = 0  # causal: the padding, in steps of lcm(64, block_n), lies before row 0 (block_info.cuh)
     if s.causal:
-        group_end = (m_block // k.cta_mode + 1) * k.cta_mode * k.block_m
+        step = math.lcm(64, k.block_n)
+        shift = (m_groups * k.block_m * k.cta_mode - s.seqlen_q) // step * step
+        group_end = (m_block // k.cta_mode + 1) * k.cta_mode * k.block_m - shift
         keys = min(group_end, s.seqlen_q) + s.seqlen_k - s.seqlen_q
         n_block_max = 0 if keys <= 0 else min(n_block_max, _ceil_div(keys, k.block_n))
-    return Unit(
-        index, m_block, head, batch, n_block_max, m_block * k.block_m, s.seqlen_k - s.seqlen_q, s.causal, k.block_n
-    )
+    first_row0 = m_block * k.block_m - shift
+    return Unit(index, m_block, head, batch, n_block_max, first_row0, s.seqlen_k - s.seqlen_q, s.causal, k.block_n)
 
 
 def cluster_units(k: Knobs, s: Shape, clusters: int) -> list[list[int]]:
@@ -637,7 +644,7 @@ class Model:
             if unit.n_block_max > 0:
                 n = unit.n_block_max
                 if not k.pingpong:  # skip_masked_blocks: past the diagonal, or every block for padding rows
-                    while n > (0 if first_row >= s.seqlen_q else unit.visible(first_row)):
+                    while n > (unit.visible(first_row) if unit.has_rows(first_row, s.seqlen_q) else 0):
                         yield from self.wait_k(cta, st)
                         self.release_k(cta, st)
                         yield from self.wait_v(cta, st)
@@ -657,7 +664,7 @@ class Model:
             yield None
             generation = cta.epilogue[wg].arrive()
             yield lambda: cta.epilogue[wg].generation > generation  # noqa: B023 - waited on before the next loop
-            if warp == 0 and first_row < s.seqlen_q:
+            if warp == 0 and unit.has_rows(first_row, s.seqlen_q):
                 self.tma_store(cta, wg, cta.qo[qs.index][wg], unit)
             if k.persistent and "release_q_after_last_s_gemm" not in faults:
                 held[0] = qs.index  # StoreHeldStage::hold
@@ -821,12 +828,12 @@ class Model:
                 for wg in range(k.consumer_wgs):
                     key = (unit.index, cta.rank, wg)
                     first_row = unit.first_row0 + wg * 64
-                    want = 1 if first_row < s.seqlen_q else 0
+                    want = 1 if unit.has_rows(first_row, s.seqlen_q) else 0
                     if self.stored.get(key, 0) != want:
                         raise ProtocolError(f"O of {key} stored {self.stored.get(key, 0)} times, not {want}")
                     if k.pingpong:
                         n = unit.n_block_max
-                    elif first_row >= s.seqlen_q:  # every row is padding: nothing computed
+                    elif not unit.has_rows(first_row, s.seqlen_q):  # every row is padding: nothing computed
                         n = 0
                     else:
                         n = min(unit.n_block_max, unit.visible(first_row))

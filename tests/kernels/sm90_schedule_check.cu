@@ -2,6 +2,11 @@
 // and block_info.cuh compiled for the CPU with the config's FT_* macros, run over every CTA of
 // the grid that the space file computes (passed in by tests/test_kernel_schedule.py).
 //
+// The rows of query block m, derived here: [m kBlockM - shift, (m + 1) kBlockM - shift), where shift is 0
+// without the causal mask and, with it, the padding of seqlen_q to whole block groups rounded down to a multiple
+// of both 64 (a warpgroup) and kBlockN; every row of [0, seqlen_q) lies in exactly one block, and no warpgroup
+// has both a negative row and a row >= 0 (its O store would start at a negative row).
+//
 // FT_KV_SPLITS > 1: every query block is visited once per split, and the splits' key ranges cover each key
 // block of the block's range exactly once (every key a row sees lies in one split's range, before the
 // visible end of the row's warpgroup).
@@ -96,6 +101,10 @@ int main(int argc, char** argv) {
   if (kDynamicScheduler && (gy != 1 || gz != 1)) return fail("a dynamic grid is one row of CTAs", gy, gz, 0, 0);
   const int m_blocks = (sq + kBlockM - 1) / kBlockM;
   const int m_padded = (m_blocks + kClusterCtas - 1) / kClusterCtas * kClusterCtas;  // a cluster's odd last block
+  int step = kWgRows;  // the least multiple of 64 that kBlockN divides
+  while (step % kBlockN) step += kWgRows;
+  const int shift = kIsCausal ? (m_padded * kBlockM - sq) / step * step : 0;  // block m: m kBlockM - shift
+  if (shift < 0 || shift >= kBlockM * kClusterCtas) return fail("padding past one block group", shift, sq, 0, 0);
   std::vector<int> visits(static_cast<size_t>(m_padded) * hq * batch, 0);
   const int n_blocks = (sk + kBlockN - 1) / kBlockN;
   std::vector<int> covered(visits.size() * n_blocks, 0);  // per query block: how many splits visit each key block
@@ -133,6 +142,7 @@ int main(int argc, char** argv) {
         }
         const BlockInfo blk(m, h, b, sq, sk, hq, hkv, s.split(), s.splits());
         if (blk.kv_head != h / (hq / hkv)) return fail("kv head", h, blk.kv_head, hq, hkv);
+        if (blk.m0() != m * kBlockM - shift) return fail("first row of a block", m, blk.m0(), shift, sq);
         if (n_max >= 0 && (blk.n_block_max != n_max || blk.n_block_min() != n_min))
           return fail("cluster CTAs visit different key blocks", m, n_max, blk.n_block_max, rank);
         n_max = blk.n_block_max;
@@ -146,7 +156,11 @@ int main(int argc, char** argv) {
           const int first = blk.m0() + wg * kWgRows;
           const int visible = blk.n_block_visible(first, kWgRows);
           if (visible < 0 || visible > blk.n_block_max) return fail("visible blocks out of range", m, wg, visible, blk.n_block_max);
-          for (int row = first; row < first + kWgRows && row < sq; ++row)
+          bool rows = false;  // does a row of the warpgroup exist: the kernel computes and stores only then
+          for (int row = first; row < first + kWgRows; ++row) rows |= row >= 0 && row < sq;
+          if (first < 0 && first + kWgRows > 0) return fail("a warpgroup's rows straddle row 0", m, wg, first, shift);
+          if (blk.has_rows(first, kWgRows) != rows) return fail("which warpgroups have rows", m, wg, first, rows);
+          for (int row = first < 0 ? 0 : first; row < first + kWgRows && row < sq; ++row)
             for (int key = 0; key < sk; ++key) {
               if (!sees(row, key, blk)) continue;
               const int n = key / kBlockN;
@@ -155,7 +169,7 @@ int main(int argc, char** argv) {
             }
           for (int n = blk.n_block_min(); n < blk.n_block_max; ++n) {
             if (blk.needs_mask(n, first)) continue;
-            for (int row = first; row < first + kWgRows; ++row)  // rows past seqlen_q too: they must stay finite
+            for (int row = first; row < first + kWgRows; ++row)  // padding rows too: they must stay finite
               for (int key = n * kBlockN; key < (n + 1) * kBlockN; ++key)
                 if (!sees(row, key, blk)) return fail("an unmasked block holds a masked key", row, key, n, first);
           }
@@ -176,7 +190,8 @@ int main(int argc, char** argv) {
           if (covered[block * n_blocks + n] > 1) return fail("a key block is in two splits", b, h, m, n);
         if (units_only) continue;
         const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
-        for (int row = m * kBlockM; row < (m + 1) * kBlockM && row < sq; ++row)
+        for (int row = m * kBlockM - shift < 0 ? 0 : m * kBlockM - shift; row < (m + 1) * kBlockM - shift && row < sq;
+             ++row)
           for (int key = 0; key < sk; ++key)
             if (sees(row, key, blk) && covered[block * n_blocks + key / kBlockN] != 1)
               return fail("a key a row sees is in no split", row, key, key / kBlockN, h);

@@ -191,10 +191,11 @@ def test_dynamic_ctas_race_for_the_units(ctas):
     that, and the zeroed counter)."""
     import random
 
-    from tests.kernels.sm90_protocol_model import Model, TileCounter, total_units
+    from tests.kernels.sm90_protocol_model import Model, Shape, TileCounter, total_units
 
     knobs = CONFIGS["dynamic"]
-    shape = SHAPES[1]  # 6 units per head, 4 of them without a key block
+    # 6 units per head of 5, 3, 1 and no key blocks (3 of them), so that a CTA's next fetch depends on the timing
+    shape = Shape(batch=1, seqlen_q=700, seqlen_k=300, heads_q=2, heads_kv=2, causal=True)
     assert total_units(knobs, shape) == 12
     orders = set()
     for seed in range(8):
