@@ -1,5 +1,6 @@
 // Which query rows a CTA (and each of its consumer warpgroups) owns in one work unit, and
 // which key blocks it must visit under the tail and (bottom-right aligned) causal masks.
+// Host-callable too: tests/kernels/sm90_schedule_check.cu checks it against brute force.
 //
 // Query block m holds rows [m kBlockM - row_shift, (m + 1) kBlockM - row_shift). Where seqlen_q is not a
 // multiple of a block group (kBlockM kClusterCtas rows), the padding rows go where they cost least:
@@ -9,7 +10,7 @@
 // warpgroup's rows and kBlockN, keeps each row's place within its key block, so each CTA's warpgroups see
 // the same counts of key blocks as without the shift, and a warpgroup's rows are either all before row 0
 // or none. H200 (BENCHMARKS.md, session 20): d64 causal N 1024 and 4096 (192-row blocks, 128-key blocks,
-// 128 padding rows: the longest block ran on one warpgroup of three) 1.033x and 1.015x; a 64-row shift at
+// 128 padding rows: the longest block ran on one warpgroup of three) 1.03-1.04x and 1.015x; a 64-row shift at
 // d128 (N 1200) cost 2%, where it paired warpgroups that see unequal counts of key blocks. Rows outside
 // [0, seqlen_q) are loaded as zeros by TMA (a negative row coordinate included), computed by no warpgroup
 // that has only such rows (Consumer::skip_masked_blocks) and never stored: no O store starts at a

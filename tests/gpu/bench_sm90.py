@@ -3,6 +3,8 @@ short causal. A device script, not a pytest module. From the repo root, on the H
 
     python -m tests.gpu.bench_sm90 --out $OUT            # about 4 minutes (must stay under 6)
     python -m tests.gpu.bench_sm90 --out $OUT --quick    # smoke run: 2 shapes, few configs
+    python -m tests.gpu.bench_sm90 --out $OUT --no-ncu --suite FILE --variants none --baseline DIR
+                                                          # a kernel change: each default against DIR's build
 
 Stages, each one robust (a failing config, backend or ncu run is reported and skipped):
 1. plan: per shape, the default config and variants one knob (and the registers it needs) away,
@@ -905,7 +907,11 @@ def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> st
             rows = [
                 e
                 for e in rows
-                if e in fastest or e["name"] == "default" or e.get("rules") or e.get("status") not in ("ok", None)
+                if e in fastest
+                or e["name"] == "default"
+                or e.get("rules")
+                or e.get("root")
+                or e.get("status") not in ("ok", None)
             ]
         for e in rows + [{"name": n, **peer} for n, peer in peers.items()]:
             tf = e.get("tflops")
@@ -913,6 +919,7 @@ def table(plans: list[dict], gemm: dict | None, *, top: int | None = None) -> st
             spill = "S" if res.get("spill_store_bytes") or res.get("spill_load_bytes") else ""
             occ = e.get("ctas_per_sm_occupancy", "")
             label = (diff_text(e["diff"]) if "diff" in e else e["name"]) + (" [rules]" if e.get("rules") else "")
+            label += " [baseline]" if e.get("root") else ""
             status = e.get("status", "ok" if tf else (e.get("failure") or "")[:40])
             status = status.upper() if status in ("wrong", "hang", "crash") else status
             rel = e.get("rel_error")

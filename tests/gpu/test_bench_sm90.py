@@ -74,6 +74,9 @@ def test_a_baseline_tree_times_the_problems_default_built_from_it(tmp_path, caps
     assert baseline["config"] == space.defaults(problem=problem, device=device)
     default = next(c for c in configs if c.get("rules"))
     assert bench.build_key(problem, baseline) != bench.build_key(problem, default)
+    default["tflops"], baseline["tflops"] = 100.0, 90.0  # the table names the row, also among the top rows
+    plan = {"slug": problem.slug(), "configs": [default, baseline]}
+    assert "(default) [baseline]" in bench.table([plan], None, top=0).splitlines()[-1]
 
     # the build reads DIR's sources: a tree whose entry fails to preprocess fails to build
     import shutil
