@@ -17,13 +17,14 @@
 // negative row (an H200 raises an illegal instruction for a TMA store there).
 #pragma once
 
+#include <numeric>
+
 #include "sm90/config.cuh"
 
 namespace ft_sm90 {
 
-constexpr int gcd_of(int a, int b) { return b == 0 ? a : gcd_of(b, a % b); }
 // The step of a causal row shift: the least common multiple of a warpgroup's rows and kBlockN.
-constexpr int kShiftRows = kWgRows / gcd_of(kWgRows, kBlockN) * kBlockN;
+constexpr int kShiftRows = std::lcm(kWgRows, kBlockN);
 static_assert(kShiftRows % kWgRows == 0 && kShiftRows % kBlockN == 0, "the row shift's step");
 // Can a block start before row 0? Only causal, and only where a step fits in a block group's padding (at most
 // kBlockM kClusterCtas - 1 rows): elsewhere (d128's 128-row blocks of 128 keys, d256) the code is as without it.
