@@ -30,7 +30,7 @@ from tuner.problem import Problem
 from tuner.run._synthetic import Basin, Landscape, SyntheticOracle, feasible_configs
 from tuner.space import Config, Space, config_key
 
-__all__ = ["FAMILIES", "coupled", "family"]
+__all__ = ["FAMILIES", "coupled", "drawn_evaluations", "family"]
 
 PEAK_TFLOPS = 500.0
 
@@ -199,3 +199,23 @@ FAMILIES: dict[str, Callable[..., SyntheticOracle]] = {
 def family(kind: str, space: Space, problem: Problem, device: DeviceLimits) -> Callable[[int], SyntheticOracle]:
     """seed -> that seed's landscape of ``kind`` (picklable)."""
     return functools.partial(FAMILIES[kind], space, problem, device)
+
+
+def drawn_evaluations(oracle: SyntheticOracle, floor: float, changes: tuple[int, int] = (2, 3)) -> float:
+    """Expected evaluations until a config of noise-free TFLOPS >= ``floor`` is measured by a search that knows
+    where :func:`coupled` puts the best (uniformly among the feasible configs ``changes`` knob changes from the
+    default) and nothing else: the default first, then those configs in random order (the first of m such
+    configs among n comes (n + 1) / (m + 1) into them on average); inf when none reaches ``floor``. Where the
+    landscape shows nothing above the default short of the best's own basin (decoy), no measurement says which
+    of them to try first, so no search does much better than this draw.
+    """
+    space, problem, device, landscape = oracle.space, oracle.problem, oracle.device, oracle.landscape
+    default = space.defaults(problem.head_dim)
+    lo, hi = changes
+    pool = []
+    for items in _feasible(space, problem, device):
+        config = dict(items)
+        if lo <= sum(config[n] != default[n] for n in landscape.knob_names) <= hi:
+            pool.append(landscape.peak_tflops * math.exp(landscape.log_value(config)))
+    reached = sum(v >= floor for v in pool)
+    return 1 + (len(pool) + 1) / (reached + 1) if reached else math.inf

@@ -21,6 +21,7 @@ from tuner.devices import limits_for_arch
 from tuner.problem import Problem
 from tuner.run import landscapes, load_oracle, replay
 from tuner.search import DEFAULT_SEARCH
+from tuner.search._pattern import IMPROVEMENT
 from tuner.space import load_space
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -208,7 +209,8 @@ def test_coupled_landscapes_over_the_d64_space_within_1_percent_in_a_median_of_2
 @pytest.mark.xfail(
     strict=True,
     reason="not met yet, measured with the surrogate choosing among tied centres (BAND): island median 22, p90 42; "
-    "decoy median 39, 2 of 10 never within 60 (before BAND: island 22/37, 1 never; decoy 48.5, 2 never)",
+    "decoy median 39, 2 of 10 never within 60 (before BAND: island 22/37, 1 never; decoy 48.5, 2 never); the decoy "
+    "target is beyond any search's expected reach (test_decoy_landscapes_show_no_search_their_best_within_the_target)",
 )
 @pytest.mark.parametrize("kind", ["island", "decoy"])
 def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
@@ -246,3 +248,24 @@ def test_island_and_decoy_landscapes_within_1_percent_in_a_median_of_20(kind):
     17.5/55 (1 never), decoy 30 (3 never), coupled 14.5/28, but the fp16 sweep with 17 in flight a p90 of 36 (its
     test's target 35; was 26)."""
     _check(replay(_family(kind), [DEFAULT_SEARCH], FEW_SEEDS, 60), median=20, p90=30, within=60)
+
+
+def test_decoy_landscapes_show_no_search_their_best_within_the_target():
+    """Why the decoy target stays unmet: on these landscapes no measurement near the default points to the best.
+    The default sits on a hill of its own; the best's basin shows only about one step around the best, which lies
+    2-3 knob changes from the default; on 6 of the 10 seeds no config within 2 changes beats the default. A search
+    that knows where the generator puts the best (uniformly among the feasible configs 2-3 changes from the default)
+    and draws among them at random expects a median of 23 evaluations before it measures anything above the
+    default, and 39 to come within 1% of the best: the default search's median is 39 too. A median of 20 needs a
+    prior on where the best lies that these landscapes do not give. (On the coupled and island landscapes 1-13
+    configs within 2 changes beat the default on every seed: there the climb has a signal to follow.)"""
+    from tests.search.landscapes import drawn_evaluations
+
+    oracles = [_family("decoy")(seed) for seed in FEW_SEEDS]
+    default = [
+        o.landscape.peak_tflops * math.exp(o.landscape.log_value(o.space.defaults(o.problem.head_dim))) for o in oracles
+    ]
+    above = [drawn_evaluations(o, d * math.exp(IMPROVEMENT)) for o, d in zip(oracles, default)]
+    near = [drawn_evaluations(o, 0.99 * o.best) for o in oracles]
+    assert statistics.median(above) > 20, sorted(above)
+    assert statistics.median(near) > 30, sorted(near)
