@@ -23,6 +23,7 @@
 // usage: sm90_schedule_check GRID_X GRID_Y GRID_Z BATCH SEQLEN_Q SEQLEN_K HEADS_Q HEADS_KV [units-only]
 // Prints "ok <units visited> <max load> <total load>" (load: key blocks a cluster visits) and exits 0,
 // or prints the first violation and exits 1. "units-only" skips the per-row and per-key checks.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
           for (int row = first; row < first + kWgRows; ++row) rows |= row >= 0 && row < sq;
           if (first < 0 && first + kWgRows > 0) return fail("a warpgroup's rows straddle row 0", m, wg, first, shift);
           if (blk.has_rows(first, kWgRows) != rows) return fail("which warpgroups have rows", m, wg, first, rows);
-          for (int row = first < 0 ? 0 : first; row < first + kWgRows && row < sq; ++row)
+          for (int row = std::max(first, 0); row < first + kWgRows && row < sq; ++row)
             for (int key = 0; key < sk; ++key) {
               if (!sees(row, key, blk)) continue;
               const int n = key / kBlockN;
@@ -190,8 +191,7 @@ int main(int argc, char** argv) {
           if (covered[block * n_blocks + n] > 1) return fail("a key block is in two splits", b, h, m, n);
         if (units_only) continue;
         const BlockInfo blk(m, h, b, sq, sk, hq, hkv);
-        for (int row = m * kBlockM - shift < 0 ? 0 : m * kBlockM - shift; row < (m + 1) * kBlockM - shift && row < sq;
-             ++row)
+        for (int row = std::max(m * kBlockM - shift, 0); row < (m + 1) * kBlockM - shift && row < sq; ++row)
           for (int key = 0; key < sk; ++key)
             if (sees(row, key, blk) && covered[block * n_blocks + key / kBlockN] != 1)
               return fail("a key a row sees is in no split", row, key, key / kBlockN, h);

@@ -33,6 +33,8 @@ from tuner.space import Config, Space, config_key
 __all__ = ["FAMILIES", "coupled", "drawn_evaluations", "family"]
 
 PEAK_TFLOPS = 500.0
+#: the fewest and most knob changes from the default at which coupled() places the best (island: one more)
+CHANGES = (2, 3)
 
 
 @functools.lru_cache(maxsize=16)
@@ -119,7 +121,7 @@ def coupled(
     *,
     island: bool = False,
     decoy: bool = False,
-    changes: tuple[int, int] = (2, 3),
+    changes: tuple[int, int] = CHANGES,
     default_ratio: tuple[float, float] = (0.92, 0.97),
     noise: tuple[float, float] = (0.01, 0.03),
 ) -> SyntheticOracle:
@@ -201,7 +203,7 @@ def family(kind: str, space: Space, problem: Problem, device: DeviceLimits) -> C
     return functools.partial(FAMILIES[kind], space, problem, device)
 
 
-def drawn_evaluations(oracle: SyntheticOracle, floor: float, changes: tuple[int, int] = (2, 3)) -> float:
+def drawn_evaluations(oracle: SyntheticOracle, floor: float, changes: tuple[int, int] = CHANGES) -> float:
     """Expected evaluations until a config of noise-free TFLOPS >= ``floor`` is measured by a search that knows
     where :func:`coupled` puts the best (uniformly among the feasible configs ``changes`` knob changes from the
     default) and nothing else: the default first, then those configs in random order (the first of m such
@@ -216,6 +218,6 @@ def drawn_evaluations(oracle: SyntheticOracle, floor: float, changes: tuple[int,
     for items in _feasible(space, problem, device):
         config = dict(items)
         if lo <= sum(config[n] != default[n] for n in landscape.knob_names) <= hi:
-            pool.append(landscape.peak_tflops * math.exp(landscape.log_value(config)))
+            pool.append(landscape.noiseless_tflops(config))
     reached = sum(v >= floor for v in pool)
     return 1 + (len(pool) + 1) / (reached + 1) if reached else math.inf

@@ -262,9 +262,7 @@ def test_decoy_landscapes_show_no_search_their_best_within_the_target():
     from tests.search.landscapes import drawn_evaluations
 
     oracles = [_family("decoy")(seed) for seed in FEW_SEEDS]
-    default = [
-        o.landscape.peak_tflops * math.exp(o.landscape.log_value(o.space.defaults(o.problem.head_dim))) for o in oracles
-    ]
+    default = [o.landscape.noiseless_tflops(o.space.defaults(o.problem.head_dim)) for o in oracles]
     above = [drawn_evaluations(o, d * math.exp(IMPROVEMENT)) for o, d in zip(oracles, default)]
     near = [drawn_evaluations(o, 0.99 * o.best) for o in oracles]
     assert statistics.median(above) > 20, sorted(above)

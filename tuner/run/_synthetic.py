@@ -91,10 +91,14 @@ class Landscape:
         v = sum(self.additive[k][i] for k, i in enumerate(idx))
         return v + sum(m[idx[a]][idx[b]] for a, b, m in self.additive_pairs)
 
+    def noiseless_tflops(self, config: Config) -> float:
+        """The TFLOPS of ``config`` without the measurement's noise (and never failing)."""
+        return self.peak_tflops * math.exp(self.log_value(config))
+
     def tflops(self, config: Config) -> float | None:
         key = config_key(config)
         if key in self.noiseless:
-            return self.peak_tflops * math.exp(self.log_value(config))
+            return self.noiseless_tflops(config)
         fail, gauss = self._draws(key)
         if fail < self.failures and key not in self.never_fail:
             return None
