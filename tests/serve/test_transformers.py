@@ -202,3 +202,42 @@ def test_the_mask_function_gives_no_mask_only_where_is_causal_says_it_all():
     assert ours is not None and torch.equal(ours, theirs)
     ours, theirs = call(16, 64)  # and where transformers decides itself, its decision
     assert (ours is None) == (theirs is None) and (ours is None or torch.equal(ours, theirs))
+
+
+def test_the_mask_function_reads_the_signature_once_and_binds_as_inspect_does(monkeypatch):
+    """flashtune_mask runs once per model forward: it reads sdpa_mask's parameters once (``inspect.signature``
+    costs about 20 us a call), and names a call's arguments as ``Signature.bind`` with its defaults does."""
+    import transformers.masking_utils as mu
+
+    tx = importlib.import_module("tuner.serve._transformers")
+
+    def f(a, b, c=3, *, d, e=5, **rest):
+        return None
+
+    bound = inspect.signature(f)
+    for args, kwargs in (((1, 2), {"d": 4}), ((1,), {"b": 2, "d": 4, "e": 6}), ((1, 2, 7), {"d": 4, "x": 8})):
+        expected = bound.bind(*args, **kwargs)
+        expected.apply_defaults()
+        want = {k: v for k, v in expected.arguments.items() if k != "rest"} | expected.arguments["rest"]
+        assert tx._arguments(f, args, kwargs) == want
+    for args, kwargs in (((1,), {"d": 4}), ((1, 2), {}), ((1, 2, 3, 4), {"d": 4}), ((1, 2), {"a": 1, "d": 4})):
+        with pytest.raises(TypeError):
+            bound.bind(*args, **kwargs)
+        assert tx._arguments(f, args, kwargs) is None  # then flashtune_mask calls sdpa_mask, which raises
+
+    tuner.register_transformers()
+    call = {"batch_size": 1, "kv_length": 64, "mask_function": mu.causal_mask_function}
+    if "q_length" in inspect.signature(mu.sdpa_mask).parameters:
+        call["q_length"] = 64
+    else:
+        call["cache_position"] = torch.arange(64)
+    assert tx.flashtune_mask(**call) is None
+
+    def no_signature(*args, **kwargs):
+        raise AssertionError("inspect.signature called again")
+
+    monkeypatch.setattr(tx.inspect, "signature", no_signature)
+    assert tx.flashtune_mask(**call) is None
+    padding = torch.ones(1, 64, dtype=torch.bool)
+    padding[0, :5] = False
+    assert torch.equal(tx.flashtune_mask(**call, attention_mask=padding), mu.sdpa_mask(**call, attention_mask=padding))

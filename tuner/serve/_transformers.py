@@ -80,12 +80,9 @@ def flashtune_mask(*args: Any, **kwargs: Any):
     """
     masking_utils = _transformers["masking_utils"]  # no import here: it would break the graph
     sdpa_mask = masking_utils.sdpa_mask
-    try:
-        bound = inspect.signature(sdpa_mask).bind(*args, **kwargs)
-    except TypeError:
+    a = _arguments(sdpa_mask, args, kwargs)
+    if a is None:
         return sdpa_mask(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
     if a.get("attention_mask") is not None or a.get("local_size") is not None:
         return sdpa_mask(*args, **kwargs)
     offsets_zero = all(isinstance(a.get(o, 0), int) and a.get(o, 0) == 0 for o in ("q_offset", "kv_offset"))
@@ -103,6 +100,33 @@ def flashtune_mask(*args: Any, **kwargs: Any):
 #: what the functions above use of transformers, imported by register_transformers (inside torch.compile's
 #: tracing, an import from transformers' lazy modules breaks the graph)
 _transformers: dict[str, Any] = {}
+
+
+def _arguments(function, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``function``'s arguments of a call by name, defaults filled in, as ``inspect.Signature.bind`` and
+    ``apply_defaults`` give them (but extra keyword arguments at the top level, not under the ``**`` parameter's
+    name); None where the call does not fit the signature (``function`` then raises its own error). The parameters are read once per function: ``inspect.signature`` costs about 20 us, paid in
+    every model forward (a mask is built per forward) on a host that a prefill keeps busy."""
+    cached = _signatures.get(function)
+    if cached is None:
+        parameters = inspect.signature(function).parameters.values()
+        positional = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        required = frozenset(
+            p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+        defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        cached = _signatures[function] = (positional, required, defaults)
+    positional, required, defaults = cached
+    if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
+        return None
+    given = {**dict(zip(positional, args)), **kwargs}
+    if not required <= given.keys():
+        return None
+    return {**defaults, **given}
+
+
+#: per function :func:`_arguments` has read: its positional parameter names, the required ones, the defaults
+_signatures: dict[Any, tuple] = {}
 
 
 @functools.cache
