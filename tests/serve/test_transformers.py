@@ -105,19 +105,19 @@ def test_on_the_kernel_path_each_layer_launches_with_the_models_strides(monkeypa
     monkeypatch.setattr(sd, "_cuda_device", lambda q, k, v: 0)
     monkeypatch.setattr(sd, "_device_arch", lambda index: 100)
     seen = []
-    real = sd.sdpa
+    real = sd.run_checked
 
-    def spy(q, k, v, *args, **kwargs):
-        seen.append((q.data_ptr(), q.transpose(1, 2).stride()[:3], args))
-        return real(q, k, v, *args, **kwargs)
+    def spy(torch_module, q, k, v, causal, *args):
+        seen.append((q.data_ptr(), q.transpose(1, 2).stride()[:3], causal))
+        return real(torch_module, q, k, v, causal, *args)
 
-    monkeypatch.setattr("tuner.serve._transformers.sdpa", spy)
+    monkeypatch.setattr("tuner.serve._transformers.run_checked", spy)
     model = llama(ATTN_IMPLEMENTATION, dtype=torch.float16)
     model(input_ids=torch.randint(0, 128, (2, 64)))
     assert sdpa_fallbacks() == {} and len(gpu.launches) == 2 == len(seen)
-    for launch, (ptr, strides, args) in zip(gpu.launches, seen):
+    for launch, (ptr, strides, causal) in zip(gpu.launches, seen):
         assert launch["args"][0] == ptr and launch["args"][10:13] == list(strides)
-        assert args[2] is True and launch["args"][8:10] == [4, 2]  # causal; 4 query heads on 2 K/V heads
+        assert causal is True and launch["args"][8:10] == [4, 2]  # causal; 4 query heads on 2 K/V heads
     tuner.serve.clear_cache()
 
 

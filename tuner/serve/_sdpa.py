@@ -47,6 +47,7 @@ __all__ = [
     "count_fallback",
     "kernel_refusal",
     "reset_sdpa_fallbacks",
+    "run_checked",
     "sdpa",
     "sdpa_fallbacks",
     "sdpa_patched",
@@ -250,11 +251,6 @@ def sdpa(
     torch = _torch()
     tracing = torch.compiler.is_compiling()
     reason = kernel_refusal(torch, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, family, tracing)
-    if reason is None and not tracing:  # eager: straight to the launch, the checks above are all it needs
-        return torch_sdpa_launch(
-            torch, query, key, value, bool(is_causal), scale, family, config, tuned,
-            query.get_device(), register_torch_op,  # the checks put q, k and v on this one CUDA device
-        )  # fmt: skip
     if reason is not None:
         count_fallback(reason, torch)
         return _torch_sdpa(
@@ -267,11 +263,22 @@ def sdpa(
             scale=scale,
             enable_gqa=enable_gqa,
         )
+    return run_checked(torch, query, key, value, bool(is_causal), scale, family, config, tuned, tracing)
+
+
+def run_checked(torch, query, key, value, causal: bool, scale, family, config, tuned, tracing: bool):
+    """:func:`sdpa`'s kernel path for a call that :func:`kernel_refusal` passed (``tracing``: what it was told),
+    for callers that made that check themselves (each check costs a few microseconds of host time per call)."""
+    if not tracing:  # eager: straight to the launch, the checks are all it needs
+        return torch_sdpa_launch(
+            torch, query, key, value, causal, scale, family, config, tuned,
+            query.get_device(), register_torch_op,  # the checks put q, k and v on this one CUDA device
+        )  # fmt: skip
     o = attention(
         query.transpose(1, 2),
         key.transpose(1, 2),
         value.transpose(1, 2),
-        causal=bool(is_causal),
+        causal=causal,
         softmax_scale=scale,
         family=family,
         config=config,

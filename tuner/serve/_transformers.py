@@ -11,7 +11,7 @@ masks it builds for ``"sdpa"``, and none where the mask is the plain causal or f
 while ``torch.compile`` traces (transformers builds it there on PyTorch before 2.14, and a mask sends the call
 to PyTorch's SDPA). The function does what transformers' own
 ``sdpa_attention_forward`` does to decide ``is_causal`` and grouped-query attention, and runs
-:func:`tuner.sdpa` on the kernels; a call they cannot run (a padding mask, dropout, CPU tensors,
+:func:`tuner.sdpa`'s kernel path (its checks made once); a call they cannot run (a padding mask, dropout, CPU tensors,
 training, ``softcap``, ``position_bias``: :data:`tuner.serve.FALLBACK_REASONS`) is handed to
 ``sdpa_attention_forward`` itself, unchanged, so its result is exactly that of ``"sdpa"``.
 """
@@ -23,7 +23,7 @@ import inspect
 from typing import Any
 
 from ..space import AUTO_FAMILY
-from ._sdpa import _torch, count_fallback, kernel_refusal, sdpa
+from ._sdpa import _torch, count_fallback, kernel_refusal, run_checked
 
 __all__ = ["ATTN_IMPLEMENTATION", "flashtune_attention_forward", "flashtune_mask", "register_transformers"]
 
@@ -56,15 +56,17 @@ def flashtune_attention_forward(
     reason = (
         "transformers_option" if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None else None
     )
+    tracing = torch.compiler.is_compiling()
     reason = reason or kernel_refusal(
-        torch, query, k, v, attention_mask, dropout, causal, groups > 1 or query.shape[1] != k.shape[1], AUTO_FAMILY
-    )
+        torch, query, k, v, attention_mask, dropout, causal, groups > 1 or query.shape[1] != k.shape[1], AUTO_FAMILY,
+        tracing,
+    )  # fmt: skip
     if reason is not None:
         count_fallback(reason, torch)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    out = sdpa(query, k, v, None, 0.0, causal, scaling, query.shape[1] != k.shape[1])
+    out = run_checked(torch, query, k, v, causal, scaling, AUTO_FAMILY, "auto", None, tracing)
     return out.transpose(1, 2), None
 
 
