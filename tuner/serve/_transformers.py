@@ -11,8 +11,8 @@ masks it builds for ``"sdpa"``, and none where the mask is the plain causal or f
 while ``torch.compile`` traces (transformers builds it there on PyTorch before 2.14, and a mask sends the call
 to PyTorch's SDPA). The function does what transformers' own
 ``sdpa_attention_forward`` does to decide ``is_causal`` and grouped-query attention, and runs
-:func:`tuner.sdpa`'s kernel path (its checks made once); a call they cannot run (a padding mask, dropout, CPU tensors,
-training, ``softcap``, ``position_bias``: :data:`tuner.serve.FALLBACK_REASONS`) is handed to
+:func:`tuner.sdpa`'s kernel path (its checks made once); a call they cannot run (a padding mask, dropout,
+CPU tensors, training, ``softcap``, ``position_bias``: :data:`tuner.serve.FALLBACK_REASONS`) is handed to
 ``sdpa_attention_forward`` itself, unchanged, so its result is exactly that of ``"sdpa"``.
 """
 
@@ -107,8 +107,11 @@ _transformers: dict[str, Any] = {}
 def _arguments(function, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """``function``'s arguments of a call by name, defaults filled in, as ``inspect.Signature.bind`` and
     ``apply_defaults`` give them (but extra keyword arguments at the top level, not under the ``**`` parameter's
-    name); None where the call does not fit the signature (``function`` then raises its own error). The parameters are read once per function: ``inspect.signature`` costs about 20 us, paid in
-    every model forward (a mask is built per forward) on a host that a prefill keeps busy."""
+    name); None where the call does not fit the signature (``function`` then raises its own error).
+
+    The parameters are read once per function. A mask is built in every model forward, on a host that a prefill
+    keeps busy: ``inspect.signature`` and ``bind`` cost about 27 us a call there, a cached signature's ``bind``
+    and ``apply_defaults`` 13 us, this 2 us."""
     cached = _signatures.get(function)
     if cached is None:
         parameters = inspect.signature(function).parameters.values()
