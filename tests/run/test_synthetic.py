@@ -96,6 +96,32 @@ def test_the_huge_sm90_space_is_computed_lazily_with_its_real_static_check():
     assert "planted landscape" in oracle.describe() and "default 0.9" in oracle.describe()
 
 
+def test_where_uniform_draws_find_no_feasible_config_a_random_walk_from_the_default_does():
+    """The whole sm90 space at head dim 256 (a few feasible configs in 100,000 draws): with 50 draws allowed,
+    rejection finds none, and the walk from the default ends on feasible configs that the landscape's test
+    accepts, different ones for different seeds, the same for the same seed."""
+    from tuner.run._synthetic import _random_feasible
+
+    space = load_space("sm90")
+    problem = Problem(batch=2, seqlen_q=8192, heads_q=16, head_dim=256, causal=True)
+    default = space.defaults(256)
+    names = [k.name for k in space.knobs if len(k.values) > 1]
+
+    def far(c):
+        return sum(c[n] != default[n] for n in names) >= 3
+
+    drawn = [_random_feasible(space, problem, H200, random.Random(seed), accept=far, tries=50) for seed in range(4)]
+    for config in drawn:
+        assert space.check(config, problem, H200) is None and far(config)
+    assert len({config_key(c) for c in drawn}) > 1
+    again = _random_feasible(space, problem, H200, random.Random(0), accept=far, tries=50)
+    assert config_key(again) == config_key(drawn[0])
+    rng = random.Random(0)  # the 50 uniform draws alone: none feasible, so the walk above was taken
+    assert all(
+        space.check({k.name: rng.choice(k.values) for k in space.knobs}, problem, H200) is not None for _ in range(50)
+    )
+
+
 def test_a_synthetic_oracle_replays_through_the_tuning_loop():
     space = load_space(SM90_SMALL)
     problem = Problem(batch=4, seqlen_q=512, heads_q=16, head_dim=128, causal=False)
