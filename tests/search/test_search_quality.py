@@ -178,7 +178,9 @@ def test_rugged_additive_landscapes_over_the_sm80_space():
 
 
 def test_planted_landscapes_over_the_whole_sm90_space():
-    """43.8 million grid points, 0.08% feasible at D 256: stated target median 20, 16 of 20 seeds within 60."""
+    """16.8 billion grid points, about 4 in 100,000 of them feasible at this shape: stated target median 20, 16 of
+    20 seeds within 60. These 20 landscapes meet it; the next 80 (seeds 20-99) give a median of 24 and 73 of 80
+    within 60: the target holds for this draw of landscapes, not yet for the class (BENCHMARKS.md, session 23)."""
     oracles = landscapes("planted", load_space("sm90"), _problem(256, 8192, True, batch=2), H200)
     runs = replay(oracles, [DEFAULT_SEARCH], SEEDS, 60)
     hits = _hits(runs)
