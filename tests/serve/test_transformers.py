@@ -225,6 +225,15 @@ def test_the_mask_function_reads_the_signature_once_and_binds_as_inspect_does(mo
             bound.bind(*args, **kwargs)
         assert tx._arguments(f, args, kwargs) is None  # then flashtune_mask calls sdpa_mask, which raises
 
+    def g(a, /, b, c=3, *, d=4):  # no **: an unknown keyword does not fit; a positional-only one never by name
+        return None
+
+    assert tx._arguments(g, (1, 2), {"d": 5}) == {"a": 1, "b": 2, "c": 3, "d": 5}
+    for args, kwargs in (((1, 2), {"x": 0}), ((), {"a": 1, "b": 2})):
+        with pytest.raises(TypeError):
+            inspect.signature(g).bind(*args, **kwargs)
+        assert tx._arguments(g, args, kwargs) is None
+
     tuner.register_transformers()
     call = {"batch_size": 1, "kv_length": 64, "mask_function": mu.causal_mask_function}
     if "q_length" in inspect.signature(mu.sdpa_mask).parameters:

@@ -263,12 +263,27 @@ def sdpa(
             scale=scale,
             enable_gqa=enable_gqa,
         )
-    return run_checked(torch, query, key, value, bool(is_causal), scale, family, config, tuned, tracing)
+    return run_checked(
+        torch, query, key, value, bool(is_causal), scale, tracing, family=family, config=config, tuned=tuned
+    )
 
 
-def run_checked(torch, query, key, value, causal: bool, scale, family, config, tuned, tracing: bool):
+def run_checked(
+    torch,
+    query,
+    key,
+    value,
+    causal: bool,
+    scale,
+    tracing: bool,
+    *,
+    family: str = AUTO_FAMILY,
+    config: Any = "auto",
+    tuned: Any = None,
+):
     """:func:`sdpa`'s kernel path for a call that :func:`kernel_refusal` passed (``tracing``: what it was told),
-    for callers that made that check themselves (each check costs a few microseconds of host time per call)."""
+    for callers that made that check themselves (each check costs a few microseconds of host time per call);
+    ``family``, ``config`` and ``tuned`` as :func:`sdpa`'s."""
     if not tracing:  # eager: straight to the launch, the checks are all it needs
         return torch_sdpa_launch(
             torch, query, key, value, causal, scale, family, config, tuned,

@@ -66,7 +66,7 @@ def flashtune_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    out = run_checked(torch, query, k, v, causal, scaling, AUTO_FAMILY, "auto", None, tracing)
+    out = run_checked(torch, query, k, v, causal, scaling, tracing)
     return out.transpose(1, 2), None
 
 
@@ -107,7 +107,8 @@ _transformers: dict[str, Any] = {}
 def _arguments(function, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """``function``'s arguments of a call by name, defaults filled in, as ``inspect.Signature.bind`` and
     ``apply_defaults`` give them (but extra keyword arguments at the top level, not under the ``**`` parameter's
-    name); None where the call does not fit the signature (``function`` then raises its own error).
+    name); None where the call does not fit the signature, or uses ``*args`` or a positional-only parameter by
+    keyword (``function`` is then called as given: it raises its own error, or binds what this does not).
 
     The parameters are read once per function. A mask is built in every model forward, on a host that a prefill
     keeps busy: ``inspect.signature`` and ``bind`` cost about 27 us a call there, a cached signature's ``bind``
@@ -120,9 +121,21 @@ def _arguments(function, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] 
             p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         )
         defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
-        cached = _signatures[function] = (positional, required, defaults)
-    positional, required, defaults = cached
+        # names a keyword may take: None where **kwargs takes any other than the positional-only ones
+        by_name = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
+        positional_only = frozenset(p.name for p in parameters if p.kind == p.POSITIONAL_ONLY)
+        cached = _signatures[function] = (
+            positional,
+            required,
+            defaults,
+            None if any_keyword else by_name,
+            positional_only,
+        )
+    positional, required, defaults, by_name, positional_only = cached
     if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
+        return None
+    if positional_only & kwargs.keys() or (by_name is not None and not kwargs.keys() <= by_name):
         return None
     given = {**dict(zip(positional, args)), **kwargs}
     if not required <= given.keys():
@@ -130,7 +143,8 @@ def _arguments(function, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] 
     return {**defaults, **given}
 
 
-#: per function :func:`_arguments` has read: its positional parameter names, the required ones, the defaults
+#: per function :func:`_arguments` has read: its positional parameter names, the required ones, the defaults, the
+#: names a keyword may take (None: any, through ``**``) and the positional-only names
 _signatures: dict[Any, tuple] = {}
 
 
