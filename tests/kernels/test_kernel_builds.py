@@ -1,6 +1,7 @@
 """The real kernel families build without register spills: sm90's named partial configs
-(tests/kernels/sm90_configs.py), and a seeded sample of the statically feasible space (the space files'
-register estimates claim that much). Needs nvcc, not a GPU."""
+(tests/kernels/sm90_configs.py) and sm80's seeded sample of its statically feasible space. Across sm90's whole
+space ptxas spills a few feasible configs a few bytes (kernel_src/sm90/README.md, register model): a seeded
+sample holds it to that. Needs nvcc, not a GPU."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_sm90_every_tail_splits_value_builds_without_spills(head_dim):
 LATER_KNOBS = ("tail_splits", "p_smem")
 
 
-@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("family", ["sm80"])
 def test_sampled_feasible_configs_build_without_spills(family):
     space = load_space(family)
     arch = space.family.min_arch if space.family.arch_suffix else 80
@@ -113,3 +114,23 @@ def test_sampled_feasible_configs_build_without_spills(family):
             built[config_key(config) + repr(problem)] = kernel.resources
             assert not kernel.resources.spills, (config, problem, kernel.resources)
     assert len(built) == 6
+
+
+def test_sm90_feasible_configs_spill_rarely_and_little():
+    """Uniform draws from the whole sm90 space (every knob, head dim, dtype, causal or not), as the random
+    sampler draws them: the register model admits few configs that spill and none that spill much. 2.7% of
+    150 such draws spilled, at most 60 B (BENCHMARKS.md, session 24), so 2 of 24 is the bound here."""
+    space, device = load_space("sm90"), limits_for_arch(90)
+    rng = random.Random(20261205)
+    drawn: list[tuple[dict, Problem]] = []
+    while len(drawn) < 24:
+        problem = _problem(rng.choice(space.family.head_dims), rng.choice(space.family.dtypes), rng.random() < 0.5)
+        config = {k.name: rng.choice(k.values) for k in space.knobs}
+        if space.check(config, problem, device) is None:
+            drawn.append((config, problem))
+    spilling = []
+    for config, problem in drawn:
+        resources = compile_config(space, config, problem, device).resources
+        if resources.spills:
+            spilling.append((problem.slug(), config, resources.spill_store_bytes))
+    assert len(spilling) <= 2 and all(stored <= 64 for _, _, stored in spilling), spilling
