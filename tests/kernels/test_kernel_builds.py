@@ -119,7 +119,7 @@ def test_sampled_feasible_configs_build_without_spills(family):
 def test_sm90_feasible_configs_spill_rarely_and_little():
     """Uniform draws from the whole sm90 space (every knob, head dim, dtype, causal or not), as the random
     sampler draws them: the register model admits few configs that spill and none that spill much. 2.7% of
-    150 such draws spilled, at most 60 B (BENCHMARKS.md, session 24), so 2 of 24 is the bound here."""
+    150 such draws spilled, at most 60 B (BENCHMARKS.md, sessions 24 and 25), so 2 of 24 is the bound here."""
     space, device = load_space("sm90"), limits_for_arch(90)
     rng = random.Random(20261205)
     drawn: list[tuple[dict, Problem]] = []
