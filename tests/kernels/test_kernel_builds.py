@@ -12,9 +12,9 @@ import pytest
 
 from tests.kernels.sm90_configs import SM90_D64_REPRESENTATIVE, SM90_D256_REPRESENTATIVE, SM90_REPRESENTATIVE
 from tuner.compile import compile_config
-from tuner.devices import limits_for_arch
+from tuner.devices import DeviceLimits, limits_for_arch
 from tuner.problem import Problem
-from tuner.space import complete, config_key, load_space
+from tuner.space import Space, complete, config_key, load_space
 
 pytestmark = [pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed"), pytest.mark.slow]
 
@@ -87,49 +87,33 @@ def test_sm90_every_tail_splits_value_builds_without_spills(head_dim):
             assert not kernel.resources.spills, (splits, problem.slug(), kernel.resources)
 
 
-LATER_KNOBS = ("tail_splits", "p_smem")
-
-
-@pytest.mark.parametrize("family", ["sm80"])
-def test_sampled_feasible_configs_build_without_spills(family):
-    space = load_space(family)
-    arch = space.family.min_arch if space.family.arch_suffix else 80
-    device = limits_for_arch(arch)
-    rng = random.Random(20261129)
-    # knobs added after this sample was set draw from their own stream, and take their default where the value
-    # drawn does not run: the earlier knobs' sample stays the one that passed (a new knob does not move it)
-    later = random.Random(20261203)
-    built: dict[str, object] = {}
-    while len(built) < 6:
-        problem = _problem(rng.choice(space.family.head_dims), rng.choice(space.family.dtypes), rng.random() < 0.5)
-        config = {k.name: rng.choice(k.values) for k in space.knobs if k.name not in LATER_KNOBS}
-        later_knobs = [space.knob(name) for name in LATER_KNOBS if name in {k.name for k in space.knobs}]
-        config.update({k.name: k.default for k in later_knobs})  # each is drawn beside the others' defaults
-        for k in later_knobs:
-            config[k.name] = later.choice(k.values)
-            if space.check(config, problem, device) is not None:
-                config[k.name] = k.default
-        if space.check(config, problem, device) is None:
-            kernel = compile_config(space, config, problem, device)
-            built[config_key(config) + repr(problem)] = kernel.resources
-            assert not kernel.resources.spills, (config, problem, kernel.resources)
-    assert len(built) == 6
-
-
-def test_sm90_feasible_configs_spill_rarely_and_little():
-    """Uniform draws from the whole sm90 space (every knob, head dim, dtype, causal or not), as the random
-    sampler draws them: the register model admits few configs that spill and none that spill much. 2.7% of
-    150 such draws spilled, at most 60 B (BENCHMARKS.md, sessions 24 and 25), so 2 of 24 is the bound here."""
-    space, device = load_space("sm90"), limits_for_arch(90)
-    rng = random.Random(20261205)
-    drawn: list[tuple[dict, Problem]] = []
-    while len(drawn) < 24:
+def _feasible_draws(space: Space, device: DeviceLimits, seed: int, n: int) -> list[tuple[dict, Problem]]:
+    """``n`` distinct statically feasible (config, problem) pairs, each knob, head dim and dtype drawn uniformly (as
+    the random sampler draws), causal or not, rejection-sampled with ``seed``."""
+    rng = random.Random(seed)
+    drawn: dict[str, tuple[dict, Problem]] = {}
+    while len(drawn) < n:
         problem = _problem(rng.choice(space.family.head_dims), rng.choice(space.family.dtypes), rng.random() < 0.5)
         config = {k.name: rng.choice(k.values) for k in space.knobs}
         if space.check(config, problem, device) is None:
-            drawn.append((config, problem))
+            drawn.setdefault(config_key(config) + repr(problem), (config, problem))
+    return list(drawn.values())
+
+
+def test_sm80_sampled_feasible_configs_build_without_spills():
+    space, device = load_space("sm80"), limits_for_arch(80)
+    for config, problem in _feasible_draws(space, device, 20261129, 6):
+        resources = compile_config(space, config, problem, device).resources
+        assert not resources.spills, (config, problem, resources)
+
+
+def test_sm90_feasible_configs_spill_rarely_and_little():
+    """Uniform draws from the whole sm90 space: the register model admits few configs that spill and none that
+    spill much. 2.7% of 150 such draws spilled, at most 60 B (BENCHMARKS.md, sessions 24 and 25), so 2 of 24 is
+    the bound here."""
+    space, device = load_space("sm90"), limits_for_arch(90)
     spilling = []
-    for config, problem in drawn:
+    for config, problem in _feasible_draws(space, device, 20261205, 24):
         resources = compile_config(space, config, problem, device).resources
         if resources.spills:
             spilling.append((problem.slug(), config, resources.spill_store_bytes))
