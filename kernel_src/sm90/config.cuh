@@ -79,9 +79,6 @@
 #ifndef FT_TAIL_SPLITS
 #define FT_TAIL_SPLITS 1  // persistent: key ranges per tile of the last, partly filled wave (at most; 1 = no split)
 #endif
-#ifndef FT_UNIT_OVERLAP
-#define FT_UNIT_OVERLAP 0  // 1: a unit's last P.V runs with the next unit's first S GEMM; 2: and Q loads early
-#endif
 
 // ---- device limits -----------------------------------------------------------------------
 // The tuner passes the limits of the device it builds for (tuner/devices.py, DeviceLimits.macros):
@@ -136,8 +133,6 @@ constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kKvSplits = FT_KV_SPLITS;
 constexpr int kTailSplits = FT_TAIL_SPLITS;
-constexpr bool kUnitOverlap = FT_UNIT_OVERLAP != 0;
-constexpr bool kEarlyQ = FT_UNIT_OVERLAP == 2;  // unit_overlap's producer issues the next unit's Q early
 // Do units compute part of a tile's key blocks (then partials are merged: epilogue.cuh)? Split-KV always, the
 // tail split for the tiles of the last partial wave (the split count is the scheduler's, at run time).
 constexpr bool kSplitKeys = kKvSplits > 1 || kTailSplits > 1;
@@ -204,12 +199,5 @@ static_assert(kTailSplits == 1 || kPersistent,
               "tail_splits > 1 splits the last wave of persistent CTAs: set persistent=1 or tail_splits=1");
 static_assert(kTailSplits == 1 || kKvSplits == 1,
               "kv_splits and tail_splits are alternatives (split every tile, or the last wave's): set one of them to 1");
-
-static_assert(FT_UNIT_OVERLAP >= 0 && FT_UNIT_OVERLAP <= 2, "unit_overlap: 0, 1 or 2");
-static_assert(!kUnitOverlap || (kPersistent && kQStages == 2),
-              "unit_overlap=1 runs the next unit's first S GEMM before this unit's O is staged in its Q stage: "
-              "it needs persistent=1 and q_stages=2 (the next unit's Q in the other stage)");
-static_assert(!kUnitOverlap || (kIntraWgOverlap && !kPingPong),
-              "unit_overlap=1 carries the overlapped loop across units: set intra_wg_overlap=1 and pingpong=0");
 
 }  // namespace ft_sm90

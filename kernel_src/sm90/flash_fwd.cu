@@ -20,7 +20,6 @@
 #include "sm90/smem_layout.cuh"
 #include "sm90/softmax.cuh"
 #include "sm90/tile_scheduler.cuh"
-#include "sm90/unit_overlap.cuh"
 
 using namespace ft_sm90;
 
@@ -63,43 +62,33 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
       ptx::tma_prefetch_desc(&tma_q);
       ptx::tma_prefetch_desc(&tma_k);
       ptx::tma_prefetch_desc(&tma_v);
-      if constexpr (kEarlyQ)  // unit_overlap.cuh
-        producer_loads_early_q(smem, sched, rank, seqlen_q, seqlen_k, heads_q, heads_kv, &tma_q, &tma_k, &tma_v,
-                               tile_counter);
-      else
-        producer_loads(smem, sched, rank, seqlen_q, seqlen_k, heads_q, heads_kv, &tma_q, &tma_k, &tma_v,
-                       tile_counter);
+      producer_loads(smem, sched, rank, seqlen_q, seqlen_k, heads_q, heads_kv, &tma_q, &tma_k, &tma_v,
+                     tile_counter);
     }
   } else {  // consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int cwg = wg - 1;
     const int warp = warp_in_cta % 4;
-    if constexpr (kUnitOverlap) {  // unit_overlap.cuh
-      run_units_overlapped(UnitContext{smem, rank, seqlen_q, seqlen_k, heads_q, heads_kv, softmax_scale, cwg, warp,
-                                       lane, &tma_o, lse, split_counters, split_partials},
-                           sched);
-    } else {
-      KvState st;
-      HeldQStage held;  // the previous unit's Q stage, while its O store may still read it
-      open_gemm_turns(cwg);
-      for (QState qs; consumer_unit(smem, sched, qs); consumer_next(sched, qs)) {
-        const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
-                            sched.split(), sched.splits());
-        const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
-        float o[kORegs];
+    KvState st;
+    HeldQStage held;  // the previous unit's Q stage, while its O store may still read it
+    open_gemm_turns(cwg);
+    for (QState qs; consumer_unit(smem, sched, qs); consumer_next(sched, qs)) {
+      const BlockInfo blk(sched.m_block(rank), sched.head(), sched.batch(), seqlen_q, seqlen_k, heads_q, heads_kv,
+                          sched.split(), sched.splits());
+      const Consumer consumer{smem, blk, cwg, warp, lane, blk.m0() + cwg * kWgRows, qs};
+      float o[kORegs];
 #pragma unroll
-        for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-        OnlineSoftmax<kSRegs> softmax(softmax_scale);
-        consumer.run(o, softmax, st, held);
-        float row_lse[2];
-        softmax.finalize(o, row_lse);
-        const SplitSlot split{split_counters, split_partials,
-                              (sched.split_tile() * kClusterCtas + rank) * kConsumerWgs + cwg, sched.split(),
-                              sched.splits()};
-        store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held, split);
-      }
-      close_gemm_turns(cwg);
+      for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+      OnlineSoftmax<kSRegs> softmax(softmax_scale);
+      consumer.run(o, softmax, st, held);
+      float row_lse[2];
+      softmax.finalize(o, row_lse);
+      const SplitSlot split{split_counters, split_partials,
+                            (sched.split_tile() * kClusterCtas + rank) * kConsumerWgs + cwg, sched.split(),
+                            sched.splits()};
+      store_o_lse(smem, blk, qs.index, cwg, warp, lane, o, row_lse, &tma_o, lse, heads_q, held, split);
     }
+    close_gemm_turns(cwg);
     drain_o_stores(warp, lane);
   }
   if constexpr (kClusterCtas > 1) ptx::cluster_sync();  // the peer may still multicast into us or arrive here

@@ -44,24 +44,6 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const ptx::TmaDesc*
   }
 }
 
-// K and V of key block n into the rings' stage `st`, which advances; each CTA's full barrier expects the
-// whole tile: its own half and the peer's.
-__device__ __forceinline__ void load_kv_tile_pair(SharedStorage& smem, KvState& st, int n, const BlockInfo& blk,
-                                                  int rank, const ptx::TmaDesc* tma_k, const ptx::TmaDesc* tma_v,
-                                                  uint64_t policy) {
-  if constexpr (kSplitKvBarriers) {
-    load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n, blk,
-                 rank, policy);
-    load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, smem.v_ring.producer_acquire(st, kKvTileBytes), n, blk,
-                 rank, policy);
-  } else {  // K and V of the stage on one barrier
-    const uint32_t bar = smem.k_ring.producer_acquire(st, 2 * kKvTileBytes);
-    load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, bar, n, blk, rank, policy);
-    load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, bar, n, blk, rank, policy);
-  }
-  st.advance();
-}
-
 // Every work unit of this CTA: its Q into the unit's stage, as soon as the O store of the unit
 // that used the stage before has read it, and K and V of each key block, last first, into the
 // rings (which run on across units). Two Q stages (persistent): that unit is two back, and its
@@ -98,7 +80,21 @@ __device__ __forceinline__ void producer_loads(SharedStorage& smem, TileSchedule
       smem.q_ring.producer_skip(qs, publish);
       continue;
     }
-    const auto load_kv = [&](int n) { load_kv_tile_pair(smem, st, n, blk, rank, tma_k, tma_v, evict_last); };
+    // K and V of key block n into the rings' next stage; each CTA's full barrier expects the whole
+    // tile: its own half and the peer's
+    const auto load_kv = [&](int n) {
+      if constexpr (kSplitKvBarriers) {
+        load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, smem.k_ring.producer_acquire(st, kKvTileBytes), n,
+                     blk, rank, evict_last);
+        load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, smem.v_ring.producer_acquire(st, kKvTileBytes), n,
+                     blk, rank, evict_last);
+      } else {  // K and V of the stage on one barrier
+        const uint32_t bar = smem.k_ring.producer_acquire(st, 2 * kKvTileBytes);
+        load_kv_tile(ptx::smem_addr(smem.k[st.index]), tma_k, bar, n, blk, rank, evict_last);
+        load_kv_tile(ptx::smem_addr(smem.v[st.index]), tma_v, bar, n, blk, rank, evict_last);
+      }
+      st.advance();
+    };
     int n = blk.n_block_max - 1;
     const int n_min = blk.n_block_min();
     if constexpr (kPersistent && kQStages == 1)
@@ -172,23 +168,6 @@ struct Consumer {
 #pragma unroll
     for (int kk = 0; kk < kQkSteps; ++kk)
       ptx::Wgmma<kBlockN>::template ss<kIsBf16, 0, 0>(s, q_desc(q_base, wg, kk), k_desc(k_base, kk), kk > 0);
-  }
-  // The same with Q's operand descriptors made once per unit (q_descs): in a loop that runs across
-  // units the compiler cannot hoist them out of the key-block loop as it does within one unit.
-  __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], const KvState& st,
-                                           const uint64_t (&qd)[kQkSteps]) const {
-    const uint32_t k_base = ptx::smem_addr(smem.k[st.index]);
-#pragma unroll
-    for (int kk = 0; kk < kQkSteps; ++kk)
-      ptx::Wgmma<kBlockN>::template ss<kIsBf16, 0, 0>(s, qd[kk], k_desc(k_base, kk), kk > 0);
-  }
-  __device__ __forceinline__ void q_descs(uint64_t (&qd)[kQkSteps]) const {
-    const uint32_t q_base = ptx::smem_addr(smem.q[q.index]);
-#pragma unroll
-    for (int kk = 0; kk < kQkSteps; ++kk) {
-      qd[kk] = q_desc(q_base, wg, kk);
-      asm volatile("" : "+l"(qd[kk]));  // made here, kept in registers: not rebuilt at every key block
-    }
   }
 
   // k-steps [kBegin, kEnd) of O += P V (keys 16 kBegin .. 16 kEnd - 1 of the tile)
@@ -289,7 +268,8 @@ struct Consumer {
   __device__ __forceinline__ int skip_masked_blocks(KvState& st) const {
     int n = blk.n_block_max;
     if constexpr (!kPingPong) {
-      const int stop = compute_end();
+      const int visible = blk.has_rows(first_row, kWgRows) ? blk.n_block_visible(first_row, kWgRows) : 0;
+      const int stop = max(visible, blk.n_block_min());
       for (; n > stop; --n) {
         wait_k(st);
         release_k(st);
@@ -299,11 +279,6 @@ struct Consumer {
       }
     }
     return n;
-  }
-  // One past the last key block this warpgroup computes (without ping-pong), n_block_min() when none.
-  __device__ __forceinline__ int compute_end() const {
-    const int visible = blk.has_rows(first_row, kWgRows) ? blk.n_block_visible(first_row, kWgRows) : 0;
-    return max(visible, blk.n_block_min());
   }
 
   // The previous unit's Q stage, once this warpgroup's O store has read it: the producer may
@@ -439,113 +414,6 @@ struct Consumer {
     // last P.V
     pv_gemm(o, p, st);
     st.advance();
-  }
-
-  // The first key block (stage `st`) of a unit: no P.V in flight yet, O is zero (no rescale needed).
-  __device__ __forceinline__ void first_block(uint32_t (&p)[kPvSteps][4], OnlineSoftmax<kSRegs>& softmax,
-                                              const KvState& st, int n, HeldQStage& held) const {
-    float s[kSRegs];
-    qk_gemm(s, st, held);
-    mask(s, n);
-    float o_scale[2];
-    softmax.update_max(s, o_scale);
-    softmax.exponentiate(s);
-    prepare_p(s, p);
-  }
-
-  // P (the exponentiated S) for the next O += P V: to registers, or to this warpgroup's tile (p_smem; the
-  // P.V GEMM that read the tile before has completed).
-  __device__ __forceinline__ void prepare_p(const float (&s)[kSRegs], uint32_t (&p)[kPvSteps][4]) const {
-    if constexpr (kPSmem)
-      store_p(s);
-    else
-      convert_p(s, p);
-  }
-
-  // One key block n of the overlapped loop: st is the stage of block n + 1, whose P is in p. S_n = Q K_n^T
-  // (`issue_qk_at(s, stage)` issues it) with O += P_{n+1} V_{n+1}; the softmax of S_n while the P.V runs; on
-  // return st is block n's stage and p holds P_n. kReleaseHeld: the previous unit's Q stage is handed back
-  // after the GEMMs' issue (the first block after an epilogue that ran behind this unit's first S GEMM).
-  // kRescale = false: o is not this unit's (Consumer::step_into). unit_overlap's copy of run_overlapped's loop
-  // body, which keeps its own: built from this function the default's SASS changes (598 against 599
-  // instructions per block at d64), and the default's figures were measured on today's.
-  template <bool kReleaseHeld = false, bool kRescale = true, class IssueQk>
-  __device__ __forceinline__ void overlapped_block(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4],
-                                                   OnlineSoftmax<kSRegs>& softmax, KvState& st, int n,
-                                                   IssueQk&& issue_qk_at, HeldQStage* held = nullptr) const {
-    const KvState prev = st;
-    st.advance();
-    float s[kSRegs];
-    wait_k(st);
-    begin_gemm_turn();
-    ptx::wgmma_fence();
-    issue_qk_at(s, st);
-    ptx::wgmma_commit();
-    wait_v(prev);
-    ptx::wgmma_fence();  // P and O registers were last written before the barrier wait
-    issue_pv(o, p, prev);
-    ptx::wgmma_commit();
-    end_gemm_turn();
-    if constexpr (kReleaseHeld) release_held(*held);
-    ptx::wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-    ptx::fence_operands(s);
-    release_k(st);
-
-    mask(s, n);
-    float o_scale[2];
-    const bool rescale = softmax.update_max(s, o_scale);
-    softmax.exponentiate(s);
-
-    ptx::wgmma_wait<0>();
-    ptx::fence_operands(o);
-    if constexpr (!kPSmem) ptx::fence_operands(p);
-    release_v(prev);
-    if constexpr (kRescale)
-      if (rescale) rescale_o(o, o_scale);
-    prepare_p(s, p);  // P_{j-1} V_{j-1} completed above: p_smem's tile may be overwritten
-  }
-
-  // ---- unit_overlap (FT_UNIT_OVERLAP=1; unit_overlap.cuh drives it) ----
-  // A unit's start without the unit before: waits for Q, skips the blocks this warpgroup does not compute and
-  // runs the first one (stage st; n_first: its block). False where this warpgroup computes no block (O = 0).
-  __device__ __forceinline__ bool start(uint32_t (&p)[kPvSteps][4], OnlineSoftmax<kSRegs>& softmax, KvState& st,
-                                        HeldQStage& held, int& n_first) const {
-    if constexpr (!kDynamicScheduler) smem.q_ring.consumer_wait(q);
-    if (blk.empty()) return false;
-    n_first = skip_masked_blocks(st) - 1;
-    if (n_first < blk.n_block_min()) return false;
-    first_block(p, softmax, st, n_first, held);
-    return true;
-  }
-
-  // The key blocks after the first (P of block n_first in p, st its stage), leaving the last block's P.V
-  // unissued: on return p holds the last P and st is its stage. The first of them hands the previous unit's
-  // Q stage back (held: its O store ran behind this unit's first S GEMM).
-  __device__ __forceinline__ void overlapped_blocks(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4],
-                                                    OnlineSoftmax<kSRegs>& softmax, KvState& st, int n_first,
-                                                    HeldQStage& held) const {
-    uint64_t qd[kQkSteps];
-    q_descs(qd);
-    const auto issue = [&](float (&s)[kSRegs], const KvState& at) { issue_qk(s, at, qd); };
-    int n = n_first - 1;
-    if (n >= blk.n_block_min()) overlapped_block<true>(o, p, softmax, st, n--, issue, &held);
-    for (; n >= blk.n_block_min(); --n) overlapped_block(o, p, softmax, st, n, issue);
-  }
-
-  // Whether this unit can start inside the previous one's last step: it has key blocks and this warpgroup
-  // skips none of them (a skipped block would take a K/V stage past the one the previous unit's last P.V
-  // still reads: with 2 stages, one the producer can only fill once that P.V completes).
-  __device__ __forceinline__ bool can_step_into() const {
-    return !blk.empty() && compute_end() == blk.n_block_max;
-  }
-
-  // The step between units: S of this unit's first key block (n_block_max - 1, stage st + 1) issued with the
-  // previous unit's last O += P V (p, stage st), this unit's softmax (`softmax`, fresh) while that P.V runs; on
-  // return o is the previous unit's (not rescaled: it is finished), p and st this unit's first block's.
-  __device__ __forceinline__ void step_into(float (&o)[kORegs], uint32_t (&p)[kPvSteps][4],
-                                            OnlineSoftmax<kSRegs>& softmax, KvState& st) const {
-    const auto issue = [&](float (&s)[kSRegs], const KvState& at) { issue_qk(s, at); };
-    overlapped_block<false, false>(o, p, softmax, st, blk.n_block_max - 1, issue);
   }
 };
 

@@ -100,7 +100,6 @@ ABBREV = {
     "ctas_per_sm": "ctas",
     "kv_splits": "splits",
     "tail_splits": "tail",
-    "unit_overlap": "uo",
 }
 
 
@@ -228,17 +227,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "scheduler": 1,
             **({"q_stages": 1} if head_dim == 256 else {}),
         }
-    # unit_overlap: each unit's last P.V with the next unit's first S GEMM (persistent, two Q stages)
-    v["unit_overlap"] = {"persistent": 1, "unit_overlap": 1}
-    v["unit_overlap_kv3"] = {"persistent": 1, "unit_overlap": 1, "kv_stages": 3}
-    v["unit_overlap_tail2"] = {"persistent": 1, "unit_overlap": 1, "tail_splits": 2}
-    v["unit_overlap_static"] = {"persistent": 1, "unit_overlap": 1, "scheduler": 0}
-    v["static"] = {"persistent": 1, "scheduler": 0}
-    v["static_kv3"] = {"persistent": 1, "scheduler": 0, "kv_stages": 3}
-    v["unit_overlap_static_kv3"] = {"persistent": 1, "unit_overlap": 1, "scheduler": 0, "kv_stages": 3}
-    v["unit_overlap2"] = {"persistent": 1, "unit_overlap": 2}
-    v["unit_overlap2_kv3"] = {"persistent": 1, "unit_overlap": 2, "kv_stages": 3}
-    v["unit_overlap2_static"] = {"persistent": 1, "unit_overlap": 2, "scheduler": 0}
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)

@@ -101,27 +101,10 @@ SM90_REPRESENTATIVE = {
     "p_smem_serial_pingpong": {"p_smem": 1, "intra_wg_overlap": 0, "pingpong": 1},
     "p_smem_dynamic": {"p_smem": 1, "persistent": 1, "scheduler": 1},
     "p_smem_cluster_serial": {**CLUSTER, "p_smem": 1, "intra_wg_overlap": 0},
-    # unit_overlap (a unit's last P.V with the next unit's first S GEMM; 2: and the next unit's Q issued early):
-    # with the dynamic scheduler (the default), the static snake in a cluster on one K/V barrier pair, P through
-    # shared memory with the tail split, split-KV, two CTAs per SM
-    "unit_overlap": {"unit_overlap": 1},
-    "unit_overlap_early_q": {"unit_overlap": 2},
-    "unit_overlap_early_q_cluster_static_shared_kv_barriers": {
-        **CLUSTER,
-        "producer_regs": 40,
-        "persistent": 1,
-        "scheduler": 0,
-        "kv_barriers": 1,
-        "unit_overlap": 2,
-    },
-    "unit_overlap_early_q_p_smem_tail2": {"unit_overlap": 2, "p_smem": 1, "tail_splits": 2},
-    "unit_overlap_early_q_split2": {"unit_overlap": 2, "kv_splits": 2},
-    "unit_overlap_early_q_two_ctas_per_sm": {**TWO_CTAS_PER_SM, "block_n": 64, "persistent": 1, "unit_overlap": 2},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
     "d64_three_wgs_bn128": {**THREE_WGS, "block_n": 128},
-    "d64_three_wgs_unit_overlap_early_q_kv3": {**THREE_WGS, "block_n": 128, "kv_stages": 3, "unit_overlap": 2},
     "d64_three_wgs_serial_bn160_persistent": {**THREE_WGS, "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
     "d64_three_wgs_serial_bn160_dynamic": {
         **THREE_WGS,

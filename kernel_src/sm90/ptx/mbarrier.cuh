@@ -40,19 +40,6 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity)
   return done != 0;
 }
 
-// The same without waiting: true if the phase with parity `parity` has completed by now.
-__device__ __forceinline__ bool mbarrier_test_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   while (!mbarrier_try_wait(bar, parity)) {
   }
