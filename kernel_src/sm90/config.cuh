@@ -21,7 +21,7 @@
 
 // ---- knobs ---------------------------------------------------------------------------
 #ifndef FT_KV_STAGES
-#define FT_KV_STAGES 2  // depth of the K ring and of the V ring
+#define FT_KV_STAGES (FT_HEAD_DIM == 64 ? 3 : 2)  // depth of the K ring and of the V ring
 #endif
 #ifndef FT_KV_BARRIERS
 #define FT_KV_BARRIERS 2  // 2: separate full/empty barriers for K and V of a stage; 1: one pair for both

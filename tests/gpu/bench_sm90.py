@@ -189,24 +189,34 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                 "ctas2_poly2": {"poly_exp": 2, **ctas2},
                 "ctas2_bn192": {**ctas2, "block_n": 192},
                 # FA3's d64 tile: 192 x 192, 3 warpgroups of 160 registers, P in shared memory, serial loop; the
-                # same with the overlapped loop at its widest spill-free block_n (144)
-                "p_smem": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1},
-                "p_smem_bn144": {**wgs3, "block_n": 144, "p_smem": 1},
+                # same with the overlapped loop at its widest spill-free block_n (144); two K/V stages (the d64
+                # default's three leave no room for the P tiles)
+                "p_smem": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1, "kv_stages": 2},
+                "p_smem_bn144": {**wgs3, "block_n": 144, "p_smem": 1, "kv_stages": 2},
                 "p_smem_serial_bn160": {
                     **wgs3,
                     "block_n": 160,
                     "intra_wg_overlap": 0,
                     "p_smem": 1,
+                    "kv_stages": 2,
                 },  # beside wgs3_serial_bn160
                 # the same persistent, as the default is (the variants not named persistent run one CTA per block)
-                "p_smem_persistent": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1, "persistent": 1},
-                "p_smem_bn144_persistent": {**wgs3, "block_n": 144, "p_smem": 1, "persistent": 1},
+                "p_smem_persistent": {
+                    **wgs3,
+                    "block_n": 192,
+                    "intra_wg_overlap": 0,
+                    "p_smem": 1,
+                    "kv_stages": 2,
+                    "persistent": 1,
+                },
+                "p_smem_bn144_persistent": {**wgs3, "block_n": 144, "p_smem": 1, "kv_stages": 2, "persistent": 1},
                 "wgs3_serial_bn160_persistent": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
                 "p_smem_serial_bn160_persistent": {
                     **wgs3,
                     "block_n": 160,
                     "intra_wg_overlap": 0,
                     "p_smem": 1,
+                    "kv_stages": 2,
                     "persistent": 1,
                 },
             }

@@ -16,7 +16,9 @@ from tuner.problem import Problem
 from tuner.space import load_space
 
 H200 = limits_for_arch(90)
-THREE_WGS = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160}
+# FA3's d64 tiles: 3 consumer warpgroups of 160 registers, 2 K/V stages (the d64 default takes 3, which leave no room
+# for the P tiles beside 192 keys)
+THREE_WGS = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "kv_stages": 2}
 
 
 def _problem(head_dim: int = 64, causal: bool = False) -> Problem:
