@@ -7,16 +7,6 @@ the persistent CTA's one or two Q stages), the 2-CTA cluster's multicast halves 
 the dynamic scheduler (``scheduler=1``): the CTAs of a grid run together, their producers take units
 from one shared tile counter and hand each unit's id to the consumers next to its Q stage, -1 when
 none is left.
-unit_overlap (``Knobs.unit_overlap``: unit_overlap.cuh ``run_units_overlapped`` and the Consumer members it
-calls, ``start`` .. ``step_into``): a consumer warp leaves its unit's last P.V unissued, hands the held Q stage
-back, finds the next unit (dynamic: waits for its stage's full barrier and reads its id; static: waits for
-that stage before the step) and, where its warpgroup computes every key block of the next unit, issues that
-unit's first S GEMM (the next unit's Q stage, K of the next ring stage) with this unit's last P.V (V of this
-stage), the step, after which the next unit is carried (no ``start``); then this unit's epilogue stages O in
-this unit's own Q stage. Every wgmma is tagged with what it reads (the unit's Q, or unit and key block of K and
-V), so that a step reading this unit's Q, or O staged over the next unit's Q that its later S GEMMs still
-read, is caught. ``early_q`` (FT_UNIT_OVERLAP=2) adds its producer, producer_loads_early_q: the next unit's Q
-issued after the first K/V load after which its stage tests free (``mbarrier_test_wait``).
 Every asynchronous operation (a TMA load landing, a TMA store reading shared memory, a wgmma
 group completing) is an agent of its own that finishes after a random number of steps, and the
 scheduler runs a random ready agent at every step.
@@ -45,16 +35,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = [
-    "DYNAMIC_FAULTS",
-    "FAULTS",
-    "UNIT_OVERLAP_FAULTS",
-    "Knobs",
-    "ProtocolError",
-    "Shape",
-    "TileCounter",
-    "simulate",
-]
+__all__ = ["DYNAMIC_FAULTS", "FAULTS", "Knobs", "ProtocolError", "Shape", "TileCounter", "simulate"]
 
 
 class ProtocolError(AssertionError):
@@ -76,21 +57,9 @@ FAULTS = {
     "sentinel_without_wait": "dynamic: hand the consumers -1 without waiting for the stage to be free",
     "no_sentinel": "dynamic: the producer ends without handing the consumers -1",
     "no_retire": "dynamic: a CTA ends without counting itself done on the tile counter",
-    "unit_overlap_no_release_before_next_q": "unit_overlap: the held Q stage not handed back before the wait for the "
-    "next unit's Q, which the producer loads into that stage",
-    "unit_overlap_step_with_skip": "unit_overlap: step into a next unit whose first key blocks this warpgroup skips, "
-    "skipping them inside the step while this unit's last P.V still holds its V stage",
-    "unit_overlap_no_q_wait": "unit_overlap, static scheduler: the step's S GEMM issued without waiting for the next "
-    "unit's Q stage",
-    "unit_overlap_step_reads_this_q": "unit_overlap: the step's S GEMM reads this unit's Q stage, not the next unit's",
-    "unit_overlap_o_into_next_stage": "unit_overlap: this unit's O staged (and stored from) the next unit's Q stage",
-    "early_q_waits": "unit_overlap = 2: the producer waits for the next unit's Q stage after each K/V load instead of "
-    "testing it",
 }
 #: the faults of the dynamic scheduler (the others are planted into the static one)
 DYNAMIC_FAULTS = frozenset({"unit_after_arrive", "sentinel_without_wait", "no_sentinel", "no_retire"})
-#: the faults of unit_overlap (planted with unit_overlap = 1, early_q_waits with 2)
-UNIT_OVERLAP_FAULTS = frozenset(f for f in FAULTS if f.startswith(("unit_overlap", "early_q")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,8 +77,6 @@ class Knobs:
     intra_wg_overlap: bool = True
     pv_split: bool = False
     scheduler: int = 0  # 1: dynamic (tile_scheduler.cuh FT_SCHEDULER)
-    unit_overlap: bool = False  # FT_UNIT_OVERLAP >= 1: the unit loop of unit_overlap.cuh (run_units_overlapped)
-    early_q: bool = False  # FT_UNIT_OVERLAP = 2: its producer issues the next unit's Q early (producer_loads_early_q)
     faults: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -124,14 +91,6 @@ class Knobs:
             raise ValueError("q_stages: 1 or 2, and 1 only in a persistent CTA")
         if self.scheduler and not (self.persistent and self.cta_mode == 1):
             raise ValueError("the dynamic scheduler needs persistent CTAs and cta_mode = 1")
-        if self.unit_overlap and not (self.persistent and self.q_stages == 2):
-            raise ValueError(
-                "unit_overlap needs persistent CTAs and q_stages = 2 (the next unit's Q in the other stage)"
-            )
-        if self.unit_overlap and not (self.intra_wg_overlap and not self.pingpong):
-            raise ValueError("unit_overlap carries the overlapped loop across units: intra_wg_overlap, no ping-pong")
-        if self.early_q and not self.unit_overlap:
-            raise ValueError("early_q is unit_overlap = 2: it needs unit_overlap")
 
     @property
     def block_m(self) -> int:
@@ -414,12 +373,11 @@ class Agent:
         self.name, self.gen, self.cond, self.done = name, gen, None, False
 
     def where(self) -> str:
-        """The agent's generators, outermost first, each with its line (e.g. consumer:1 > unit_step:2 > wait:3)."""
-        g, chain = self.gen, []
-        while g is not None and getattr(g, "gi_frame", None) is not None:
-            chain.append(f"{g.__name__}:{g.gi_frame.f_lineno}")
-            g = getattr(g, "gi_yieldfrom", None)
-        return " > ".join(chain) or "finished"
+        g = self.gen
+        while getattr(g, "gi_yieldfrom", None) is not None:
+            g = g.gi_yieldfrom
+        frame = getattr(g, "gi_frame", None)
+        return f"{g.__name__}:{frame.f_lineno}" if frame else "finished"
 
 
 class Model:
@@ -445,7 +403,6 @@ class Model:
         self.ctas = [Cta(self, r, units) for r in range(knobs.cta_mode)]
         self.stored: dict[tuple[int, int, int], int] = {}  # (unit, rank, wg) -> stores
         self.computed: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
-        self.steps: list[tuple[int, int, int, int]] = []  # unit_overlap: (unit, next unit, rank, wg) of each step
         self.exit_count = 0
         # latencies, in scheduler picks: drawn per run so that some runs have slow loads, some slow stores
         self.latency = {name: (0, rng.choice([1, 4, 16, 64])) for name in ("load", "store", "wgmma")}
@@ -547,14 +504,13 @@ class Model:
     # -- the producer thread (mainloop.cuh producer_loads) ----------------------------------------------
     def producer(self, cta: Cta) -> Iterator[Cond]:
         k, faults = self.knobs, self.knobs.faults
-        if k.early_q:
-            yield from self.producer_early_q(cta)
-            return
         st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
         # the loop's step: the next unit (dynamic: fetched once this one's loads are issued)
         for unit in self.dynamic_units(cta) if k.scheduler else cta.units:
             if unit.n_block_max <= 0:  # q_ring.producer_skip
-                yield from self.skip_unit(cta, qs, unit)
+                if "skip_without_wait" not in faults:
+                    yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
+                yield from self.publish_and_arrive(cta, qs, unit.index, "no_arrive_for_empty_unit" not in faults)
                 qs.advance()
                 yield None
                 continue
@@ -563,36 +519,23 @@ class Model:
                 for _ in range(min(unit.n_block_max, k.kv_stages + ("kv_ahead_past_ring" in faults))):
                     yield from self.load_kv_block(cta, unit, n, st)
                     n -= 1
-            yield from self.load_q(cta, qs, unit)
+            yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)  # q_ring.producer_acquire
+            bar = cta.q_full[qs.index]
+            bar.expect_tx(1)
+
+            def load_q(bar=bar, unit=unit) -> None:
+                self.tma_load(
+                    [(cta.qo[qs.index][w], p) for w in range(k.consumer_wgs) for p in range(4)],
+                    [(bar, qs.use)],
+                    ("Q", unit.index),
+                    1,
+                )
+
+            yield from self.publish_and_arrive(cta, qs, unit.index, then=load_q)
             yield None
             for block in range(n, -1, -1):
                 yield from self.load_kv_block(cta, unit, block, st)
             qs.advance()
-        yield from self.producer_end(cta, qs)
-
-    def load_q(self, cta: Cta, qs: Ring, unit: Unit) -> Iterator[Cond]:
-        """q_ring.producer_acquire (the wait for the stage; dynamic: the unit's id next to it; the arrival
-        armed for Q's bytes), then Q's TMA load into the stage."""
-        k = self.knobs
-        yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
-        bar, index, use = cta.q_full[qs.index], qs.index, qs.use
-        bar.expect_tx(1)
-
-        def load() -> None:
-            dests = [(cta.qo[index][w], p) for w in range(k.consumer_wgs) for p in range(4)]
-            self.tma_load(dests, [(bar, use)], ("Q", unit.index), 1)
-
-        yield from self.publish_and_arrive(cta, qs, unit.index, then=load)
-
-    def skip_unit(self, cta: Cta, qs: Ring, unit: Unit) -> Iterator[Cond]:
-        """q_ring.producer_skip for a unit without key blocks: the stage's phase completed with nothing loaded."""
-        faults = self.knobs.faults
-        if "skip_without_wait" not in faults:
-            yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
-        yield from self.publish_and_arrive(cta, qs, unit.index, "no_arrive_for_empty_unit" not in faults)
-
-    def producer_end(self, cta: Cta, qs: Ring) -> Iterator[Cond]:
-        k, faults = self.knobs, self.knobs.faults
         if k.scheduler:  # TileScheduler::retire, then -1 into the next stage once it is free
             if "no_retire" not in faults:
                 self.counter.retire(self.grid)
@@ -600,38 +543,6 @@ class Model:
                 yield from self.wait(cta.q_empty[qs.index], qs.phase ^ 1, qs.use - 1)
             yield from self.publish_and_arrive(cta, qs, -1, "no_sentinel" not in faults)
         yield from self.exit(cta)
-
-    def producer_early_q(self, cta: Cta) -> Iterator[Cond]:
-        """unit_overlap.cuh producer_loads_early_q (unit_overlap = 2): the next unit is taken (dynamic: fetched)
-        once this unit's Q is issued, and its Q is issued after the first of this unit's K/V loads after which
-        its stage tests free (mbarrier_test_wait: no wait), else after the unit's last load, waited for. A next
-        unit without key blocks, and the -1, go as in producer_loads."""
-        k = self.knobs
-        st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
-        units = self.dynamic_units(cta) if k.scheduler else iter(cta.units)
-        unit, q_issued = next(units, None), False
-        while unit is not None:
-            if unit.n_block_max <= 0:
-                yield from self.skip_unit(cta, qs, unit)
-                unit, q_issued = next(units, None), False
-                qs.advance()
-                continue
-            if not q_issued:
-                yield from self.load_q(cta, qs, unit)
-            nxt, qn = next(units, None), qs.copy()
-            qn.advance()
-            early = nxt is not None and nxt.n_block_max > 0  # the next unit's Q still to issue early
-            for block in range(unit.n_block_max - 1, -1, -1):
-                yield from self.load_kv_block(cta, unit, block, st)
-                free = "early_q_waits" in k.faults or cta.q_empty[qn.index].passed(qn.use - 1)  # test_wait
-                if early and free:
-                    yield from self.load_q(cta, qn, nxt)
-                    early = False
-            if early:  # not free before this unit's last load: waited for, as producer_loads does
-                yield from self.load_q(cta, qn, nxt)
-            q_issued = nxt is not None and nxt.n_block_max > 0
-            unit, qs = nxt, qn
-        yield from self.producer_end(cta, qs)
 
     def load_kv_block(self, cta: Cta, unit: Unit, n: int, st: Ring) -> Iterator[Cond]:
         """K and V of key block n into the rings' next stage (the producer's load_kv)."""
@@ -708,97 +619,64 @@ class Model:
 
     # -- a consumer warp (mainloop.cuh Consumer, epilogue.cuh) -------------------------------------------
     def consumer(self, cta: Cta, wg: int, warp: int) -> Iterator[Cond]:
-        """flash_fwd.cu's consumer loop, or with unit_overlap run_units_overlapped (unit_overlap.cuh)."""
-        k = self.knobs
-        if k.unit_overlap:
-            yield from self.run_units_overlapped(cta, wg, warp)
-            return
+        k, s, faults = self.knobs, self.shape, self.knobs.faults
         st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
         held: list[int | None] = [None]  # StoreHeldStage::index
-        commits, taken = [0], [0]  # this warp's wgmma commits (its warpgroup's next group); static: units taken
+        commits = [0]  # this warp's wgmma commits: the number of its warpgroup's next group
         if k.pingpong and wg == k.consumer_wgs - 1:  # open_gemm_turns
             cta.turn[0].arrive()
-        while (unit := (yield from self.consumer_unit(cta, qs, wg, warp, taken, wait=True))) is not None:
-            ctx = self.unit_ctx(cta, wg, warp, unit, qs, held, commits)
-            if unit.n_block_max > 0:  # Consumer::run after its wait for the stage
-                n = yield from self.skip_masked_blocks(ctx, st)
-                if n > 0 and k.intra_wg_overlap:
-                    yield from self.run_overlapped(ctx, st, n - 1)
-                elif n > 0:
-                    yield from self.run_serial(ctx, st, n - 1)
-            yield from self.store_o_lse(ctx)
+        taken = 0
+        while True:  # consumer_unit: the unit of stage qs, if any
+            if k.scheduler:  # the id the producer wrote next to the stage, once its full barrier's phase completed
+                yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
+                index = self.read_unit(cta, qs, wg, warp)
+                if index < 0:
+                    break
+                unit = _unit(k, s, index, cta.rank)
+            else:
+                if taken == len(cta.units):
+                    break
+                unit = cta.units[taken]
+                yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)  # Consumer::run
+            taken += 1
+            first_row = unit.first_row0 + wg * 64
+            log = self.computed.setdefault((unit.index, cta.rank, wg), [])
+            if unit.n_block_max > 0:
+                n = unit.n_block_max
+                if not k.pingpong:  # skip_masked_blocks: past the diagonal, or every block for padding rows
+                    while n > (unit.visible(first_row) if unit.has_rows(first_row, s.seqlen_q) else 0):
+                        yield from self.wait_k(cta, st)
+                        self.release_k(cta, st)
+                        yield from self.wait_v(cta, st)
+                        self.release_v(cta, st)
+                        st.advance()
+                        n -= 1
+                        yield None
+                if n > 0:
+                    ctx = (cta, wg, warp, unit, qs, held, commits, log)
+                    if k.intra_wg_overlap:
+                        yield from self.run_overlapped(ctx, st, n - 1)
+                    else:
+                        yield from self.run_serial(ctx, st, n - 1)
+            # epilogue: store_o_lse
+            yield from self.release_held(cta, wg, warp, held)
+            cta.qo[qs.index][wg].write_now(warp, ("O", unit.index), f"warp {warp} stages O of unit {unit.index}")
+            yield None
+            generation = cta.epilogue[wg].arrive()
+            yield lambda: cta.epilogue[wg].generation > generation  # noqa: B023 - waited on before the next loop
+            if warp == 0 and unit.has_rows(first_row, s.seqlen_q):
+                self.tma_store(cta, wg, cta.qo[qs.index][wg], unit)
+            if k.persistent and "release_q_after_last_s_gemm" not in faults:
+                held[0] = qs.index  # StoreHeldStage::hold
+            yield None  # the LSE stores
+            if k.q_ring_stages == 1 and "one_q_stage_held_over" not in faults:
+                yield from self.release_held(cta, wg, warp, held)  # the next unit's Q goes into this stage
             qs.advance()
             yield None
         if k.pingpong and wg == 0:  # close_gemm_turns
             generation = cta.turn[0].arrive()
             yield lambda: cta.turn[0].generation > generation
-        yield from self.consumer_exit(cta, wg, warp)
-
-    def unit_ctx(self, cta: Cta, wg: int, warp: int, unit: Unit, qs: Ring, held: list, commits: list[int]):
-        """What a consumer warp's GEMMs of one unit need: (cta, wg, warp, unit, its Q stage, the held stage,
-        the warp's commits, the log of its warpgroup's S and P.V GEMMs of the unit)."""
-        log = self.computed.setdefault((unit.index, cta.rank, wg), [])
-        return (cta, wg, warp, unit, qs, held, commits, log)
-
-    def consumer_unit(self, cta: Cta, qs: Ring, wg: int, warp: int, taken: list[int], wait: bool) -> Iterator[Cond]:
-        """consumer_unit: the unit of Q stage qs, or None. Dynamic: the id the producer wrote next to the stage,
-        once its full barrier's phase completed; static: the scheduler's own order, the stage waited for if
-        `wait` (Consumer::run's wait; unit_overlap waits in Consumer::start or before the step)."""
-        k = self.knobs
-        if k.scheduler:
-            yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
-            index = self.read_unit(cta, qs, wg, warp)
-            return None if index < 0 else _unit(k, self.shape, index, cta.rank)
-        if taken[0] == len(cta.units):
-            return None
-        taken[0] += 1
-        if wait:
-            yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
-        return cta.units[taken[0] - 1]
-
-    def compute_end(self, unit: Unit, wg: int) -> int:
-        """Consumer::compute_end: one past the last key block this warpgroup computes (0: none)."""
-        first_row = unit.first_row0 + wg * 64
-        return unit.visible(first_row) if unit.has_rows(first_row, self.shape.seqlen_q) else 0
-
-    def skip_masked_blocks(self, ctx, st: Ring) -> Iterator[Cond]:
-        """Consumer::skip_masked_blocks: the blocks past the diagonal, or every block for padding rows, waited
-        for and released unread; returns one past the last block left to compute. Ping-pong: no skip (the
-        warpgroups take the same turns)."""
-        cta, wg, unit = ctx[0], ctx[1], ctx[3]
-        n = unit.n_block_max
-        if self.knobs.pingpong:
-            return n
-        while n > self.compute_end(unit, wg):
-            yield from self.wait_k(cta, st)
-            self.release_k(cta, st)
-            yield from self.wait_v(cta, st)
-            self.release_v(cta, st)
-            st.advance()
-            n -= 1
-            yield None
-        return n
-
-    def store_o_lse(self, ctx) -> Iterator[Cond]:
-        """epilogue.cuh store_o_lse: O staged in this warpgroup's rows of the unit's Q stage, the warpgroup's
-        named barrier, the TMA store, the stage held (one Q stage: handed back at once)."""
-        cta, wg, warp, unit, qs, held, _, _ = ctx
-        faults = self.knobs.faults
-        yield from self.release_held(cta, wg, warp, held)
-        cta.qo[qs.index][wg].write_now(warp, ("O", unit.index), f"warp {warp} stages O of unit {unit.index}")
-        yield None
-        generation = cta.epilogue[wg].arrive()
-        yield lambda: cta.epilogue[wg].generation > generation
-        if warp == 0 and unit.has_rows(unit.first_row0 + wg * 64, self.shape.seqlen_q):
-            self.tma_store(cta, wg, cta.qo[qs.index][wg], unit)
-        if self.knobs.persistent and "release_q_after_last_s_gemm" not in faults:
-            held[0] = qs.index  # StoreHeldStage::hold
-        yield None  # the LSE stores
-        if self.knobs.q_ring_stages == 1 and "one_q_stage_held_over" not in faults:
-            yield from self.release_held(cta, wg, warp, held)  # the next unit's Q goes into this stage
-
-    def consumer_exit(self, cta: Cta, wg: int, warp: int) -> Iterator[Cond]:
-        if warp == 0 and "no_store_drain" not in self.knobs.faults:  # drain_o_stores
+        if warp == 0 and "no_store_drain" not in faults:  # drain_o_stores
             yield lambda: cta.stores_in_flight[wg] == 0
         yield from self.exit(cta)
 
@@ -923,110 +801,6 @@ class Model:
             yield None
         yield from self.pv_gemm(ctx, st, 0)
         st.advance()
-
-    # -- unit_overlap: a consumer warp (unit_overlap.cuh run_units_overlapped, mainloop.cuh Consumer::start
-    # .. step_into) ------------------------------------------------------------------------------------------
-    def run_units_overlapped(self, cta: Cta, wg: int, warp: int) -> Iterator[Cond]:
-        """A consumer warp's units with no gap between them: a unit's last P.V is left unissued, the next unit
-        found, the held Q stage handed back, and where this warpgroup computes every key block of the next unit
-        the P.V is issued with that unit's first S GEMM (the step: the next unit is carried and skips
-        Consumer::start), else alone; then this unit's epilogue (O into its own Q stage)."""
-        k = self.knobs
-        st, qs = Ring(k.kv_stages), Ring(k.q_ring_stages)
-        held: list[int | None] = [None]  # HeldQStage::index
-        commits, taken = [0], [0]
-        carried = -1  # the unit's first computed block, when it ran in the step from the unit before (P pending)
-        unit = yield from self.consumer_unit(cta, qs, wg, warp, taken, wait=False)
-        while unit is not None:
-            ctx = self.unit_ctx(cta, wg, warp, unit, qs, held, commits)
-            # n_first: the unit's first computed block, whose P is pending (-1: this warpgroup computes none)
-            n_first = carried if carried >= 0 else (yield from self.unit_start(ctx, st))
-            yield from self.overlapped_blocks(ctx, st, n_first)
-            qn = qs.copy()  # consumer_next
-            qn.advance()
-            if "unit_overlap_no_release_before_next_q" not in k.faults:
-                yield from self.release_held(cta, wg, warp, held)  # the producer loads the next unit's Q there
-            nxt = yield from self.consumer_unit(cta, qn, wg, warp, taken, wait=False)
-            carried = (yield from self.unit_step(ctx, nxt, qn, st)) if n_first >= 0 and nxt is not None else -1
-            if n_first >= 0 and carried < 0:  # the unit's last P.V alone
-                yield from self.pv_gemm(ctx, st, 0)
-                st.advance()
-            if "unit_overlap_o_into_next_stage" in k.faults:
-                ctx = self.unit_ctx(cta, wg, warp, unit, qn, held, commits)
-            yield from self.store_o_lse(ctx)
-            unit, qs = nxt, qn
-        yield from self.consumer_exit(cta, wg, warp)
-
-    def unit_start(self, ctx, st: Ring) -> Iterator[Cond]:
-        """Consumer::start, a unit not carried: the wait for its Q (static), the skipped blocks, the first
-        block's S GEMM (which hands the held stage back). Returns the first computed block, -1 if none."""
-        cta, unit, qs = ctx[0], ctx[3], ctx[4]
-        if not self.knobs.scheduler:  # (dynamic: consumer_unit waited)
-            yield from self.wait(cta.q_full[qs.index], qs.phase, qs.use)
-        if unit.n_block_max <= 0:
-            return -1
-        n = yield from self.skip_masked_blocks(ctx, st)
-        if n <= 0:
-            return -1
-        yield from self.qk_gemm(ctx, st, n - 1)  # first_block
-        return n - 1
-
-    def overlapped_blocks(self, ctx, st: Ring, n_first: int) -> Iterator[Cond]:
-        """Consumer::overlapped_blocks: the blocks after the first, the first of them handing the held stage
-        back after its GEMMs' issue (kReleaseHeld); the last block's P.V left unissued, st at its stage."""
-        for n in range(n_first - 1, -1, -1):
-            prev = st.copy()
-            st.advance()
-            yield from self.overlapped_gemms(ctx, ctx, prev, st, n, n + 1, release_held=n == n_first - 1)
-
-    def overlapped_gemms(
-        self, ctx_s, ctx_pv, prev: Ring, st: Ring, n: int, n_pv: int, release_held: bool = False
-    ) -> Iterator[Cond]:
-        """Consumer::overlapped_block after its stage advance: S_n = Q K_n^T of ctx_s's unit (its Q stage, K of
-        stage st) issued with O += P V of ctx_pv's unit (block n_pv, V of stage prev); the softmax of S_n while
-        the P.V runs. In the step ctx_s is the next unit's, ctx_pv this one's."""
-        cta, wg, warp, *_ = ctx_pv
-        held, commits = ctx_pv[5], ctx_pv[6]
-        yield from self.wait_k(cta, st)
-        self.issue(ctx_s, "S", n, st)
-        self.commit(ctx_pv)
-        yield from self.wait_v(cta, prev)
-        self.issue(ctx_pv, "PV", n_pv, prev)
-        self.commit(ctx_pv)
-        yield None
-        if release_held:
-            yield from self.release_held(cta, wg, warp, held)
-        yield from self.wgmma_wait(cta, wg, commits, 1)
-        self.release_k(cta, st)
-        yield None  # the softmax of S_n while the P.V runs
-        yield from self.wgmma_wait(cta, wg, commits, 0)
-        self.release_v(cta, prev)
-        yield None
-
-    def unit_step(self, ctx, nxt: Unit, qn: Ring, st: Ring) -> Iterator[Cond]:
-        """The next unit exists and this one has a pending P: static, the wait for the next unit's Q; then,
-        where this warpgroup computes every key block of the next unit (Consumer::can_step_into),
-        Consumer::step_into: the next unit's first S GEMM (its Q stage qn, K of stage st + 1) with this unit's
-        last P.V (V of stage st). Returns the next unit's first block if it stepped (P pending), else -1."""
-        cta, wg, warp, _, qs, held, commits, _ = ctx
-        faults = self.knobs.faults
-        if not self.knobs.scheduler and "unit_overlap_no_q_wait" not in faults:
-            yield from self.wait(cta.q_full[qn.index], qn.phase, qn.use)
-        end = self.compute_end(nxt, wg)
-        skip = "unit_overlap_step_with_skip" in faults and end > 0
-        if nxt.n_block_max <= 0 or (end != nxt.n_block_max and not skip):
-            return -1
-        # what the step's S GEMM reads: the next unit's Q stage (the fault: this unit's, as the next unit's)
-        ctx_n = self.unit_ctx(
-            cta, wg, warp, nxt, qs if "unit_overlap_step_reads_this_q" in faults else qn, held, commits
-        )
-        prev = st.copy()
-        st.advance()
-        n = (yield from self.skip_masked_blocks(ctx_n, st)) if skip else nxt.n_block_max
-        yield from self.overlapped_gemms(ctx_n, ctx, prev, st, n - 1, 0)  # kRescale = false: o is this unit's
-        if warp == 0:
-            self.steps.append((ctx[3].index, nxt.index, cta.rank, wg))
-        return n - 1
 
     # -- exit ---------------------------------------------------------------------------------------
     def exit(self, cta: Cta) -> Iterator[Cond]:
