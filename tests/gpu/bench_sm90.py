@@ -129,6 +129,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
     cta2 = {"cta_mode": 2, "producer_regs": 32, "consumer_regs": 232}
     two_wgs = {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240}  # the d128 default's (d64: 3 warpgroups)
     wgs3 = {"consumer_wgs": 3, "producer_regs": 32, "consumer_regs": 160, "block_n": 128 if head_dim == 64 else 80}
+    fa3_d64 = {**wgs3, "kv_stages": 2}  # FA3's d64 tiles: two K/V stages (the d64 default's three leave no room for P)
     ctas2 = {
         "ctas_per_sm": 2,
         "consumer_wgs": 1,
@@ -151,6 +152,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         "persistent_cta2": {"persistent": 1, **cta2},
         "pingpong": {"pingpong": 1},
         "persistent_pingpong": {"persistent": 1, "pingpong": 1},
+        "kv2": {"kv_stages": 2},  # against the d64 default's three (elsewhere the default itself, dropped)
         "kv3": {"kv_stages": 3},
         "persistent_kv3": {"persistent": 1, "kv_stages": 3},
         **{f"bn{n}": {"block_n": n} for n in (64, 96, 176, 192)},
@@ -189,34 +191,24 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
                 "ctas2_poly2": {"poly_exp": 2, **ctas2},
                 "ctas2_bn192": {**ctas2, "block_n": 192},
                 # FA3's d64 tile: 192 x 192, 3 warpgroups of 160 registers, P in shared memory, serial loop; the
-                # same with the overlapped loop at its widest spill-free block_n (144); two K/V stages (the d64
-                # default's three leave no room for the P tiles)
-                "p_smem": {**wgs3, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1, "kv_stages": 2},
-                "p_smem_bn144": {**wgs3, "block_n": 144, "p_smem": 1, "kv_stages": 2},
+                # same with the overlapped loop at its widest spill-free block_n (144)
+                "p_smem": {**fa3_d64, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1},
+                "p_smem_bn144": {**fa3_d64, "block_n": 144, "p_smem": 1},
                 "p_smem_serial_bn160": {
-                    **wgs3,
+                    **fa3_d64,
                     "block_n": 160,
                     "intra_wg_overlap": 0,
                     "p_smem": 1,
-                    "kv_stages": 2,
                 },  # beside wgs3_serial_bn160
                 # the same persistent, as the default is (the variants not named persistent run one CTA per block)
-                "p_smem_persistent": {
-                    **wgs3,
-                    "block_n": 192,
-                    "intra_wg_overlap": 0,
-                    "p_smem": 1,
-                    "kv_stages": 2,
-                    "persistent": 1,
-                },
-                "p_smem_bn144_persistent": {**wgs3, "block_n": 144, "p_smem": 1, "kv_stages": 2, "persistent": 1},
+                "p_smem_persistent": {**fa3_d64, "block_n": 192, "intra_wg_overlap": 0, "p_smem": 1, "persistent": 1},
+                "p_smem_bn144_persistent": {**fa3_d64, "block_n": 144, "p_smem": 1, "persistent": 1},
                 "wgs3_serial_bn160_persistent": {**wgs3, "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
                 "p_smem_serial_bn160_persistent": {
-                    **wgs3,
+                    **fa3_d64,
                     "block_n": 160,
                     "intra_wg_overlap": 0,
                     "p_smem": 1,
-                    "kv_stages": 2,
                     "persistent": 1,
                 },
             }
