@@ -152,7 +152,6 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         "persistent_cta2": {"persistent": 1, **cta2},
         "pingpong": {"pingpong": 1},
         "persistent_pingpong": {"persistent": 1, "pingpong": 1},
-        "kv2": {"kv_stages": 2},  # against the d64 default's three (elsewhere the default itself, dropped)
         "kv3": {"kv_stages": 3},
         "persistent_kv3": {"persistent": 1, "kv_stages": 3},
         **{f"bn{n}": {"block_n": n} for n in (64, 96, 176, 192)},
@@ -274,12 +273,25 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
     else:
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.insert(1, {"name": "rules", "config": config, "diff": diff, "rules": True})
+    for name, knobs in ({} if quick else RULES_VARIANTS).items():  # one knob away from the problem's default
+        if _ONLY and name not in _ONLY:
+            continue
+        moved = {**config, **knobs}
+        reason = space.check(moved, problem, device)
+        if reason is not None:
+            skipped.append({"name": name, "status": "infeasible", "detail": reason})
+        elif config_key(moved) not in seen and moved != config:
+            seen.add(config_key(moved))
+            chosen.append({"name": name, "config": moved, "diff": {k: v for k, v in moved.items() if defaults[k] != v}})
     if _BASELINE:  # the problem's default again, built from the kernel sources under --baseline
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.append({"name": "baseline", "config": config, "diff": diff, "root": _BASELINE[0]})
     return chosen, skipped
 
 
+# knobs set on top of the problem's default (the [[defaults]] rules applied), not the head dim's as in variants():
+# what a rule's choice is worth beside another knob's default (dropped where it is the problem's default already)
+RULES_VARIANTS = {"rules_kv2": {"kv_stages": 2}, "rules_kv3": {"kv_stages": 3}}
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 _BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well

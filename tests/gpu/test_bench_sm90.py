@@ -60,6 +60,32 @@ def test_the_plan_marks_the_problems_default_once():
     assert configs[1]["rules"] and configs[1]["diff"] == {"kv_splits": 2}
 
 
+def test_rules_variants_move_one_knob_of_the_problems_default():
+    """rules_kv2 is the problem's default (its rules applied) with two K/V stages; infeasible where the rules' config
+    cannot take it, and left out where it is the problem's default already."""
+    space, device = load_space("sm90"), limits_for_arch(90)
+    bench._ONLY.update({"rules_kv2", "rules_kv3"})
+    try:
+        for problem in (
+            Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=64, causal=True),  # split-KV's rule
+            Problem(batch=2, seqlen_q=4096, heads_q=10, head_dim=64, dtype="bf16"),  # the tail split's
+            Problem(batch=64, seqlen_q=197, heads_q=12, head_dim=64),  # 2 warpgroups
+        ):
+            rules = space.defaults(problem=problem, device=device)
+            assert rules != space.defaults(problem.head_dim) and rules["kv_stages"] == 3, problem.slug()
+            configs, skipped = bench.plan_shape(space, device, problem, quick=False)
+            moved = {c["name"]: c["config"] for c in configs}["rules_kv2"]
+            assert moved == {**rules, "kv_stages": 2}
+            assert "rules_kv3" not in {c["name"] for c in configs + skipped}  # the rules' config itself
+        problem = Problem(batch=2, seqlen_q=8192, heads_q=16, head_dim=128)
+        configs, skipped = bench.plan_shape(space, device, problem, quick=False)
+    finally:
+        bench._ONLY.clear()
+    assert [c["name"] for c in configs] == ["default"]  # d128's default has two stages
+    assert [(s["name"], s["status"]) for s in skipped] == [("rules_kv3", "infeasible")]
+    assert "smem_fits" in skipped[0]["detail"]
+
+
 def test_a_baseline_tree_times_the_problems_default_built_from_it(tmp_path, capsys):
     """--baseline DIR: each shape's default once more, built from DIR's kernel sources (a build of its own)."""
     space, device = load_space("sm90"), limits_for_arch(90)
