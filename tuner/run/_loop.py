@@ -67,7 +67,7 @@ from ..study import (
     this_process,
 )
 from ._contracts import Compile, Measure
-from ._threads import GpuLane, Storer, compile_pool
+from ._threads import GpuLane, Storer, close_pool, compile_pool
 
 __all__ = ["RunStats", "TuneLoop", "TuneSettings", "TuneSummary", "default_compile_workers", "tune"]
 
@@ -508,7 +508,7 @@ class TuneLoop:
         try:
             future = self.pool.submit(self.compiler, str(self.space.path), config, self.problem, self.device)
         except cf.process.BrokenProcessPool:  # a compile process was killed (OOM, say): renew the pool
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            close_pool(self.pool)
             self.pool = compile_pool(self.settings.compile_workers)
             self.own_pool = True
             future = self.pool.submit(self.compiler, str(self.space.path), config, self.problem, self.device)
@@ -702,7 +702,7 @@ class TuneLoop:
         for lane in self.lanes:
             lane.close()
         if self.own_pool:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            close_pool(self.pool)
 
 
 def tune(

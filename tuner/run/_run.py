@@ -38,7 +38,7 @@ from ..text import printable
 from ._loop import TuneSettings, TuneSummary, tune
 from ._progress import Progress
 from ._retime import DEFAULT_NOISE_FLOOR
-from ._threads import compile_pool
+from ._threads import close_pool, compile_pool
 from ._worker import Worker, WorkerError
 
 __all__ = [
@@ -422,7 +422,7 @@ def compile_processes(settings: TuneSettings) -> Iterator[cf.Executor]:
     try:
         yield pool
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        close_pool(pool)
 
 
 def run_on_gpus(

@@ -23,7 +23,7 @@ from ..gpu import MeasureJob, MeasureResult, MeasureSettings
 from ..problem import Problem
 from ._contracts import Measure
 
-__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "compile_pool", "ignore_stop_signals"]
+__all__ = ["COMPILE_NICENESS", "GpuLane", "Storer", "close_pool", "compile_pool", "ignore_stop_signals"]
 
 COMPILE_NICENESS = 10  # added to the compile processes' niceness
 
@@ -52,6 +52,14 @@ def compile_pool(workers: int) -> cf.Executor:
         initializer=_compile_process_setup,
         initargs=(os.getpid(),),
     )
+
+
+def close_pool(pool: cf.Executor) -> None:
+    """Cancel the compiles not yet started and wait for those in flight (a stopped run's are ignored) and for
+    the pool's manager thread. Exit would wait for them anyway; waiting here keeps the manager thread from
+    closing its wake-up pipe while CPython 3.11's exit hook writes to it, which printed "Exception ignored
+    ... Bad file descriptor" after a stop signal had killed the pool's processes."""
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def ignore_stop_signals() -> None:
