@@ -129,6 +129,15 @@ SM90_D64_REPRESENTATIVE = {
         "scheduler": 1,
         "tail_splits": 3,
     },
+    # the [[defaults]] rules' tile for non-causal d64 problems of few waves: 2 warpgroups of 240 registers, 176 keys
+    "d64_two_wgs_bn176_dynamic": {
+        "consumer_wgs": 2,
+        "producer_regs": 24,
+        "consumer_regs": 240,
+        "block_n": 176,
+        "persistent": 1,
+        "scheduler": 1,
+    },
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},
     # p_smem: FA3's 192 x 192 tile (serial loop: no P registers), with the dynamic scheduler; 176 keys (a padded

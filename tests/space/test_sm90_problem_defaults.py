@@ -1,7 +1,7 @@
 """The sm90 space's defaults per problem (``[[defaults]]``): 2 consumer warpgroups for non-causal d64
-problems whose 192-row units take nearly as many waves as 128-row ones, and for causal d64 problems whose
-192-row query blocks compute much more (padding, the masked diagonal), 3 elsewhere at d64; every such
-default is feasible. The wave counts and work are computed here independently of the space file's expressions."""
+problems whose 192-row units take nearly as many waves as 128-row ones, with 176-key blocks where those pad the
+keys < 1.1x as much as 128-key ones; 3 warpgroups elsewhere at d64, causal included; every such default is
+feasible. The wave counts and work are computed here independently of the space file's expressions."""
 
 from __future__ import annotations
 
@@ -58,11 +58,14 @@ def test_d64_warpgroups_follow_the_wave_counts_and_every_default_is_feasible():
         assert config["kv_splits"] == splits, problem.slug()
         if problem.head_dim == 64:
             assert (config["producer_regs"], config["consumer_regs"]) == ((24, 240) if expected == 2 else (32, 160))
+            # 2 warpgroups take 176-key blocks unless those pad the keys >= 1.1x as much as 128-key ones
+            padding = (176 * math.ceil(problem.seqlen_k / 176)) / (128 * math.ceil(problem.seqlen_k / 128))
+            assert config["block_n"] == (176 if expected == 2 and padding < 1.1 else 128), problem.slug()
 
 
 def test_both_outcomes_occur_among_the_problems():
-    chosen = {SPACE.defaults(problem=p, device=H200)["consumer_wgs"] for p in PROBLEMS if p.head_dim == 64}
-    assert chosen == {2, 3}
+    configs = [SPACE.defaults(problem=p, device=H200) for p in PROBLEMS if p.head_dim == 64]
+    assert {(c["consumer_wgs"], c["block_n"]) for c in configs} == {(2, 128), (2, 176), (3, 128)}
 
 
 def test_the_measured_shapes_get_what_was_faster():
