@@ -170,5 +170,7 @@ def test_the_tail_split_is_correct_where_it_splits(compiled, worker, device):
             checked += 1
             if not result.ok:
                 failures.append(f"{problem.slug()} {config}: {result.status} {result.detail}")
+    if not checked and os.environ.get("FLASHTUNE_MATRIX_ONLY"):
+        pytest.skip("FLASHTUNE_MATRIX_ONLY left no tail-split config in the matrix")
     assert checked, "no tail-split config in the matrix"
     assert not failures, f"{len(failures)} of {checked} failed:\n" + "\n".join(failures[:20])
