@@ -173,6 +173,7 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             "wgs2": {"persistent": 1, **two_wgs},
             "wgs2_dynamic": {"persistent": 1, "scheduler": 1, **two_wgs},
             "wgs2_bn176": {"persistent": 1, **two_wgs, "block_n": 176},
+            "wgs2_bn192": {"persistent": 1, **two_wgs, "block_n": 192},
             "wgs2_one_per_block": two_wgs,
             "one_per_block_bn176": {"block_n": 176},
             # P in shared memory (wgmma ss for O += P.V): 2 consumer warpgroups, the overlapped loop
