@@ -9,6 +9,7 @@ import pytest
 
 from tests.fake_studies import H200_INFO, family_for_tests, fill_study, make_study, set_winner
 from tuner.cli import main
+from tuner.devices import limits_for_arch
 from tuner.paths import REPO_ROOT
 from tuner.problem import Problem
 from tuner.space import load_space
@@ -75,6 +76,16 @@ batch = 2
 @pytest.mark.parametrize("path", sorted(STUDIES.glob("*.toml")), ids=lambda p: p.name)
 def test_every_shipped_suite_loads(path):
     assert load_suite(path).problems
+
+
+@pytest.mark.parametrize("path", sorted((STUDIES.parent / "tests" / "gpu").glob("*.toml")), ids=lambda p: p.name)
+def test_every_device_benchmark_suite_loads_and_its_problems_run_with_their_defaults(path):
+    """The suites that tests/gpu/bench_sm90.py times on a device: a broken one would cost a device call."""
+    suite = load_suite(path)
+    space, device = load_space(suite.family), limits_for_arch(90)
+    assert suite.problems
+    for problem in suite.problems:
+        assert space.check(space.defaults(problem=problem, device=device), problem, device) is None, problem.slug()
 
 
 def test_grid_and_listed_problems_are_merged_without_repeats(tmp_path):
