@@ -292,7 +292,7 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
 
 # knobs set on top of the problem's default (the [[defaults]] rules applied), not the head dim's as in variants():
 # what a rule's choice is worth beside another knob's default (dropped where it is the problem's default already)
-RULES_VARIANTS = {"rules_kv2": {"kv_stages": 2}, "rules_kv3": {"kv_stages": 3}}
+RULES_VARIANTS = {"rules_kv2": {"kv_stages": 2}}  # the d64 default has three
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 _BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well

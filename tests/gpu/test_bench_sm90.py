@@ -61,10 +61,10 @@ def test_the_plan_marks_the_problems_default_once():
 
 
 def test_rules_variants_move_one_knob_of_the_problems_default():
-    """rules_kv2 is the problem's default (its rules applied) with two K/V stages; infeasible where the rules' config
-    cannot take it, and left out where it is the problem's default already."""
+    """rules_kv2 is the problem's default (its rules applied) with two K/V stages; left out where that is the
+    problem's default already (d128's)."""
     space, device = load_space("sm90"), limits_for_arch(90)
-    bench._ONLY.update({"rules_kv2", "rules_kv3"})
+    bench._ONLY.update({"rules_kv2"})
     try:
         for problem in (
             Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=64, causal=True),  # split-KV's rule
@@ -73,17 +73,14 @@ def test_rules_variants_move_one_knob_of_the_problems_default():
         ):
             rules = space.defaults(problem=problem, device=device)
             assert rules != space.defaults(problem.head_dim) and rules["kv_stages"] == 3, problem.slug()
-            configs, skipped = bench.plan_shape(space, device, problem, quick=False)
+            configs, _ = bench.plan_shape(space, device, problem, quick=False)
             moved = {c["name"]: c["config"] for c in configs}["rules_kv2"]
             assert moved == {**rules, "kv_stages": 2}
-            assert "rules_kv3" not in {c["name"] for c in configs + skipped}  # the rules' config itself
         problem = Problem(batch=2, seqlen_q=8192, heads_q=16, head_dim=128)
         configs, skipped = bench.plan_shape(space, device, problem, quick=False)
     finally:
         bench._ONLY.clear()
-    assert [c["name"] for c in configs] == ["default"]  # d128's default has two stages
-    assert [(s["name"], s["status"]) for s in skipped] == [("rules_kv3", "infeasible")]
-    assert "smem_fits" in skipped[0]["detail"]
+    assert [c["name"] for c in configs] == ["default"] and not skipped  # d128's default has two stages
 
 
 def test_a_baseline_tree_times_the_problems_default_built_from_it(tmp_path, capsys):
