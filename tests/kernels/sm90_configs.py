@@ -129,14 +129,18 @@ SM90_D64_REPRESENTATIVE = {
         "scheduler": 1,
         "tail_splits": 3,
     },
-    # the [[defaults]] rules' tile for non-causal d64 problems of few waves: 2 warpgroups of 240 registers, 176 keys
-    "d64_two_wgs_bn176_dynamic": {
-        "consumer_wgs": 2,
-        "producer_regs": 24,
-        "consumer_regs": 240,
-        "block_n": 176,
-        "persistent": 1,
-        "scheduler": 1,
+    # the [[defaults]] rules' tiles for non-causal d64 problems of few waves: 2 warpgroups of 240 registers, 176 or
+    # 192 keys
+    **{
+        f"d64_two_wgs_bn{n}_dynamic": {
+            "consumer_wgs": 2,
+            "producer_regs": 24,
+            "consumer_regs": 240,
+            "block_n": n,
+            "persistent": 1,
+            "scheduler": 1,
+        }
+        for n in (176, 192)
     },
     "d64_two_ctas_per_sm_bn128_poly_exp": {**TWO_CTAS_PER_SM, "block_n": 128, "poly_exp": 2},
     "d64_two_ctas_per_sm_persistent_bn176": {**TWO_CTAS_PER_SM, "block_n": 176, "persistent": 1},

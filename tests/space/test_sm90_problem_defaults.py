@@ -1,6 +1,6 @@
 """The sm90 space's defaults per problem (``[[defaults]]``): 2 consumer warpgroups for non-causal d64
-problems whose 192-row units take nearly as many waves as 128-row ones, with 176-key blocks where those pad the
-keys < 1.1x as much as 128-key ones; 3 warpgroups elsewhere at d64, causal included; every such default is
+problems whose 192-row units take nearly as many waves as 128-row ones, with 192-key blocks where those pad the
+keys no more than 176-key ones and 176-key blocks otherwise, where either pads the keys < 1.1x as much as 128-key ones; 3 warpgroups elsewhere at d64, causal included; every such default is
 feasible. The wave counts and work are computed here independently of the space file's expressions."""
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ def _splits(problem: Problem, block_m: int) -> int:
 PROBLEMS = [
     Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=d, dtype=t, causal=c)
     for b, h, n, d, t, c in itertools.product(
-        (1, 2, 3, 8, 64), (8, 12, 16, 40), (197, 577, 2048, 4096, 16384), (64, 128), ("fp16", "bf16"), (False, True)
+        (1, 2, 3, 8, 64),
+        (8, 12, 16, 40),
+        (197, 577, 1000, 2048, 4096, 16384),
+        (64, 128),
+        ("fp16", "bf16"),
+        (False, True),
     )
 ]
 
@@ -58,14 +63,18 @@ def test_d64_warpgroups_follow_the_wave_counts_and_every_default_is_feasible():
         assert config["kv_splits"] == splits, problem.slug()
         if problem.head_dim == 64:
             assert (config["producer_regs"], config["consumer_regs"]) == ((24, 240) if expected == 2 else (32, 160))
-            # 2 warpgroups take 176-key blocks unless those pad the keys >= 1.1x as much as 128-key ones
-            padding = (176 * math.ceil(problem.seqlen_k / 176)) / (128 * math.ceil(problem.seqlen_k / 128))
-            assert config["block_n"] == (176 if expected == 2 and padding < 1.1 else 128), problem.slug()
+            # 2 warpgroups take the widest of 192 and 176 keys that pads the keys least, where that pads < 1.1x as
+            # much as 128-key blocks
+            keys = {n: n * math.ceil(problem.seqlen_k / n) for n in (128, 176, 192)}
+            wide = 192 if keys[192] <= keys[176] else 176
+            assert config["block_n"] == (wide if expected == 2 and keys[wide] < 1.1 * keys[128] else 128), (
+                problem.slug()
+            )
 
 
 def test_both_outcomes_occur_among_the_problems():
     configs = [SPACE.defaults(problem=p, device=H200) for p in PROBLEMS if p.head_dim == 64]
-    assert {(c["consumer_wgs"], c["block_n"]) for c in configs} == {(2, 128), (2, 176), (3, 128)}
+    assert {(c["consumer_wgs"], c["block_n"]) for c in configs} == {(2, 128), (2, 176), (2, 192), (3, 128)}
 
 
 def test_the_measured_shapes_get_what_was_faster():
