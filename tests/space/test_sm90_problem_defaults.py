@@ -1,5 +1,6 @@
 """The sm90 space's defaults per problem (``[[defaults]]``): 2 consumer warpgroups for non-causal d64
-problems whose 192-row units take nearly as many waves as 128-row ones, with 192-key blocks where those pad the
+problems whose 192-row units take nearly as many waves as 128-row ones (>= 1.3x the time by waves, or >= 1.12x with
+>= 2048 keys and a last wave of 192-row units over half full), with 192-key blocks where those pad the
 keys no more than 176-key ones and 176-key blocks otherwise, where either pads the keys < 1.1x as much as 128-key ones; 3 warpgroups elsewhere at d64, causal included; every such default is
 feasible. The wave counts and work are computed here independently of the space file's expressions."""
 
@@ -57,8 +58,12 @@ def test_d64_warpgroups_follow_the_wave_counts_and_every_default_is_feasible():
             # split keys fill the wave at 3 warpgroups' per-row speed; causal, 3 warpgroups run 1.02-1.11x as fast
             # (padded warpgroups and the diagonal cost little)
             expected = 3
-        else:  # 3 warpgroups' waves cost 1.5x a 2-warpgroup wave; they stay unless that costs >= 1.3x
-            expected = 2 if 192 * _waves(problem, 192) >= 1.3 * 128 * _waves(problem, 128) else 3
+        else:  # 3 warpgroups' waves cost 1.5x a 2-warpgroup wave; they stay unless that costs >= 1.3x, or >= 1.12x
+            # with >= 2048 keys and their last wave over half full
+            ratio = 192 * _waves(problem, 192) / (128 * _waves(problem, 128))
+            last = _units(problem, 192) % H200.num_sms if _units(problem, 192) > H200.num_sms else 0
+            long_full = problem.seqlen_k >= 2048 and 2 * last > H200.num_sms
+            expected = 2 if ratio >= 1.3 or (ratio >= 1.12 and long_full) else 3
         assert config["consumer_wgs"] == expected, problem.slug()
         assert config["kv_splits"] == splits, problem.slug()
         if problem.head_dim == 64:
@@ -83,6 +88,16 @@ def test_the_measured_shapes_get_what_was_faster():
     warpgroups skipped: 2 warpgroups 1.06x at B64 H16 N256 and 1.09x at B64 H12 N197; 3 faster at B32 H12 N512,
     B32 H16 N577, B16 H16 N1024, B32 H16 N384, B24 H16 N768, B16 H12 N640 and B8 H16 N1100."""
     for (b, h, n), wgs in {
+        # H100, 2026-12-05 (session 29): 2 warpgroups 1.04-1.06x at 3 against 4 waves of >= 2048 keys; 3 faster
+        # where the last 192-row block is a third of rows, or 3 warpgroups' last wave is nearly empty
+        (1, 16, 4096): 2,
+        (1, 32, 2048): 2,
+        (1, 8, 8192): 2,
+        (1, 28, 2304): 2,
+        (1, 32, 1600): 3,
+        (1, 40, 1792): 3,
+        (2, 28, 3584): 3,
+        (6, 20, 1792): 3,
         (64, 16, 256): 2,
         (32, 12, 512): 3,
         (32, 16, 577): 3,
