@@ -1,8 +1,8 @@
 """The sm90 space's defaults per problem (``[[defaults]]``): 2 consumer warpgroups for non-causal d64
 problems whose 192-row units take nearly as many waves as 128-row ones (>= 1.3x the time by waves, or >= 1.12x with
->= 2048 keys and a last wave of 192-row units over half full), with 192-key blocks where those pad the
-keys no more than 176-key ones and 176-key blocks otherwise, where either pads the keys < 1.1x as much as 128-key ones; 3 warpgroups elsewhere at d64, causal included; every such default is
-feasible. The wave counts and work are computed here independently of the space file's expressions."""
+>= 2048 keys and a last wave of 192-row units over half full), with 192-key blocks where those pad the keys no more
+than 176-key ones and 176-key blocks otherwise, where either pads the keys < 1.1x as much as 128-key ones; 3
+warpgroups elsewhere at d64, causal included; every such default is feasible. The wave counts and work are computed here independently of the space file's expressions."""
 
 from __future__ import annotations
 
