@@ -38,10 +38,6 @@ ping-pong). So the search walks the space from the default instead of sampling i
   results and after :data:`RANK_UNTIL`, and among a refused move's repairs, an additive model of
   per-knob-value effects ranks instead (:class:`~._model.AdditiveModel`, which continues the trend of an
   ordered knob); ties at random.
-- Before :data:`RANK_AFTER` results no model has anything to say, and the space file's knob order does: a
-  space file lists its knobs most influential first (its author's prior, written before any sweep), so
-  a neighbourhood is proposed by the first knob each config changes, in file order. With a compile-ahead
-  window the first ~17 proposals are all made so, before any result.
 
 Nothing measured, in flight, or taken by another tuner is proposed again (no repeats), and with
 compile-ahead the proposals made before results arrive continue down the same ranked levels.
@@ -86,13 +82,10 @@ REPAIR_CHECKS = 200  # static checks one repair may spend
 #: repairs of one refused move a neighbourhood keeps (the model's favourites): a move the constraints couple
 #: to another knob may pay with one partner and not another, and the model has not seen the pair yet
 REPAIRS_KEPT = 3
-#: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls), on spaces
-#: whose every feasible config it ranks (:data:`POOL_ENUMERATE`); on larger ones none (its pool there is draws
-#: around the best centres, another local move). Replayed (window 1, 20 seeds, with the file-order prior), a third
-#: once stalled against none: the design sweeps within their targets (bf16 N 2048 7/21, was 7/8; d64 bf16 16/16,
-#: was 12/12), island landscapes 21.5/31 (24/42), planted sm80 landscapes every seed within 20 (one never within
-#: 60); on the whole sm90 space planted landscapes' median 24.5 (19): hence none there
-BO_SHARE = (0.0, 1 / 3)
+#: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls); 0:
+#: only when the climb has nothing left. Replayed (window 1): half the proposals once stalled gave island
+#: landscapes a median of 19.5 (was 24) but the stored fp16 sweep a p90 of 31, past the target of 30
+BO_SHARE = (0.0, 0.0)
 RIVALRY = math.inf  # the surrogate's pick replaces the climb's when it expects this many times its improvement
 #: results after which the interaction surrogate ranks a neighbourhood (before: the additive model). Replayed
 #: (window 1, 20 seeds), against the additive model ranking: the five design sweeps' medians / p90s 12/20,
@@ -381,8 +374,7 @@ class PatternSearch(Search):
         :data:`SPREAD_AFTER` of its proposals in flight, a share :data:`SPREAD` from restart seeds and other
         centres (a batch spread over regions); the surrogate's pick on its turns (a share ``bo_share``),
         when it expects ``rivalry`` times the improvement of the climb's, or when the climb has nothing
-        left. By default (:data:`BO_SHARE`, :data:`RIVALRY`): the first two, the surrogate's pick on a third of
-        the turns once the climb stalls (on a space it enumerates), and the last."""
+        left. By default (:data:`BO_SHARE`, :data:`RIVALRY`) only the first two and the last."""
         if self._since_best >= STALL and (seed := self._restart(taken)) is not None:
             return self._made_by(seed, "pattern")
         spread = self._spread_turn()
@@ -446,8 +438,6 @@ class PatternSearch(Search):
         return None
 
     def _surrogate_turn(self) -> bool:
-        if self.space.size() > POOL_ENUMERATE:
-            return False
         share = self.bo_share[self._since_best >= STALL]
         made = self._made["pattern"] + self._made["surrogate"]
         return self._made["surrogate"] < share * (made + 1) - 1e-9 and made > 0
@@ -461,7 +451,7 @@ class PatternSearch(Search):
                 if k not in taken and k not in self.results and k not in self._open
             ]
             if free:
-                return self._favourite(free, self.configs[key])
+                return self._favourite(free)
             if key in self.values:
                 self._spent(key, level)
             else:  # the start before its result: its next level
@@ -481,29 +471,20 @@ class PatternSearch(Search):
                 if k not in taken and k not in self.results and k not in self._open
             ]
             if free:
-                return self._favourite(free, self.configs[key])
+                return self._favourite(free)
         return None
 
-    def _favourite(self, configs: list[Config], centre: Config) -> Config:
-        """The config of ``configs`` (neighbours of ``centre``) to propose first: the highest upper confidence
-        bound (mean + one standard deviation) of log TFLOPS under the interaction surrogate from
-        :data:`RANK_AFTER` results to :data:`RANK_UNTIL`; before, the one whose first changed knob comes first
-        in the space file (:meth:`_file_rank`); after, the additive model's favourite; ties at random."""
+    def _favourite(self, configs: list[Config]) -> Config:
+        """The config of ``configs`` to propose first: the highest upper confidence bound (mean + one standard
+        deviation) of log TFLOPS under the interaction surrogate from :data:`RANK_AFTER` results to
+        :data:`RANK_UNTIL`, otherwise the additive model's favourite; ties at random."""
         ties = np.array([self.rng.random() for _ in configs])
         if RANK_AFTER <= self.surrogate.count <= RANK_UNTIL:
             mean, std = self.surrogate.predict(self.surrogate.encode(configs))
             score = mean + std
-        elif self.surrogate.count < RANK_AFTER:
-            score = -np.array([self._file_rank(c, centre) for c in configs], dtype=float)
         else:
             score = np.array([self.model.predict(c) for c in configs])
         return configs[int(np.argmax(score + 1e-9 * ties))]
-
-    def _file_rank(self, config: Config, centre: Config) -> int:
-        """The space file's position of the first knob ``config`` changes from ``centre`` (files list knobs most
-        influential first)."""
-        changed = (i for i, k in enumerate(self.space.knobs) if config[k.name] != centre[k.name])
-        return min(changed, default=len(self.space.knobs))
 
     # -- the interaction surrogate's proposals -------------------------------------------------------
     def _propose_surrogate(self, taken: Set[str], against: Config | None = None) -> tuple[Config, float, float] | None:
