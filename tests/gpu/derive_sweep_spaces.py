@@ -1,13 +1,14 @@
-"""The reduced sweep spaces of sweeps 7-11 (tests/data/README.md), derived from search_spaces/sm90.toml.
+"""The reduced sweep spaces of sweeps 7-14 and of the sweeps planned next (tests/data/README.md), from sm90.toml.
 
     python -m tests.gpu.derive_sweep_spaces [--check]
 
 Each space is sm90.toml's own text (knobs, macros, launch geometry, derived values, constraints, the warpgroup
 rules) with fewer values per knob (every one a value of sm90.toml, the head dim's default among them), one head
 dim (its ``default_by_head_dim`` entry becomes the knob's default) and the split rules dropped (kv_splits and
-tail_splits held at 1). Writes ``tests/data/sweep_spaces/<name>.toml``; ``--check`` instead says whether the
-stored files still match sm90.toml (they were measured against sm90.toml at 5e9dacd: a mismatch means sm90.toml
-changed since, and the stored sweeps describe the older space). Not collected by pytest.
+tail_splits held at 1), and so are the rules that read another head dim. Writes ``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a
+stored space describes the sweeps measured with it and is never rewritten. ``--check`` instead says which stored
+files no longer match sm90.toml: the ``*c`` spaces were derived at 5e9dacd and the ``*d`` spaces at 0dd2aa9 (a
+mismatch means sm90.toml changed since, and the stored sweeps describe the older space). Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -48,13 +49,27 @@ SPACES: dict[str, tuple[int, dict[str, list[int]]]] = {
         | dict(producer_regs=[24, 32], consumer_regs=[232, 240, 256], ctas_per_sm=[1], q_stages=[1, 2]),
     ),
 }
+#: the spaces of the sweeps planned next (tests/gpu/measure_sweeps.py ``PLANNED``): the same value lists from
+#: sm90.toml at 0dd2aa9, where a d64 problem's default may take 176-key blocks (2 consumer warpgroups)
+_NEXT = {
+    "sm90_sweep_d64d": "sm90_sweep_d64c",
+    "sm90_sweep_d128d": "sm90_sweep_d128c",
+    "sm90_sweep_d256d": "sm90_sweep_d256c",
+}
+for _name, _base in _NEXT.items():
+    _dim, _values = SPACES[_base]
+    SPACES[_name] = (_dim, _values | ({"block_n": [64, 96, 128, 160, 176, 192]} if _dim == 64 else {}))
+#: name's suffix -> (the sweeps it serves, the sm90.toml commit it was derived at)
+_GENERATIONS = {"c": ("sweeps 7-14", "5e9dacd"), "d": ("the planned sweeps", "0dd2aa9")}
 
 
 def _header(name: str, head_dim: int, values: dict[str, list[int]]) -> str:
     held = ", ".join(k for k, v in values.items() if len(v) == 1)
-    return f"""# A reduced sm90 space for one exhaustive measurement at head dim {head_dim} (tests/data/README.md, sweeps 7-11),
+    sweeps, commit = _GENERATIONS[name[-1]]
+    sweeps = "sweeps 7-11" if sweeps == "sweeps 7-14" else sweeps  # the stored files' words
+    return f"""# A reduced sm90 space for one exhaustive measurement at head dim {head_dim} (tests/data/README.md, {sweeps}),
 # written by tests/gpu/derive_sweep_spaces.py: the knobs, macros, launch geometry, derived values, constraints and
-# warpgroup rules of search_spaces/sm90.toml at commit 5e9dacd, with fewer values per knob (every one a value of
+# warpgroup rules of search_spaces/sm90.toml at commit {commit}, with fewer values per knob (every one a value of
 # sm90.toml, the d{head_dim} default among them) and head dim {head_dim} only. Held at their default: {held}.
 # The split-KV and tail-split rules are left out (kv_splits and tail_splits are held at 1; the sweeps' shapes have
 # many units and a last wave more than half full, so neither rule would fire).
@@ -83,6 +98,12 @@ def derive(name: str) -> str:
     text, n = re.subn(split_rule, "", text)
     if n != 6:
         raise SystemExit(f"{SOURCE}: expected 6 split rules to drop, found {n}")
+
+    def other_head_dim(m: re.Match) -> str:  # a rule that never fires at this head dim may set values it lacks
+        dims = {int(d) for d in re.findall(r"head_dim == (\d+)", m.group(1))}
+        return "" if dims and head_dim not in dims else m.group(0)
+
+    text = re.sub(r'\[\[defaults\]\]\nwhen = "([^"\n]*)"\nset = [^\n]*\nhelp = [^\n]*\n\n?', other_head_dim, text)
     return _header(name, head_dim, values) + text
 
 
@@ -96,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
+        elif path.exists():
+            print(f"kept {path.relative_to(REPO)} (stored: never rewritten)")
         else:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO)}")
