@@ -4,11 +4,12 @@
 
 Each space is sm90.toml's own text (knobs, macros, launch geometry, derived values, constraints, the warpgroup
 rules) with fewer values per knob (every one a value of sm90.toml, the head dim's default among them), one head
-dim (its ``default_by_head_dim`` entry becomes the knob's default) and the split rules dropped (kv_splits and
-tail_splits held at 1), and so are the rules that read another head dim. Writes ``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a
-stored space describes the sweeps measured with it and is never rewritten. ``--check`` instead says which stored
-files no longer match sm90.toml: the ``*c`` spaces were derived at 5e9dacd and the ``*d`` spaces at 0dd2aa9 (a
-mismatch means sm90.toml changed since, and the stored sweeps describe the older space). Not collected by pytest.
+dim (its ``default_by_head_dim`` entry becomes the knob's default), the split rules dropped (kv_splits and
+tail_splits held at 1) and so are the rules that read another head dim. Writes
+``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a stored space describes the sweeps
+measured with it and is never rewritten. ``--check`` instead says which stored files no longer match sm90.toml:
+the ``*c`` spaces were derived at 5e9dacd and the ``*d`` spaces at 0dd2aa9 (a mismatch means sm90.toml changed
+since, and the stored sweeps describe the older space). Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -60,13 +61,12 @@ for _name, _base in _NEXT.items():
     _dim, _values = SPACES[_base]
     SPACES[_name] = (_dim, _values | ({"block_n": [64, 96, 128, 160, 176, 192]} if _dim == 64 else {}))
 #: name's suffix -> (the sweeps it serves, the sm90.toml commit it was derived at)
-_GENERATIONS = {"c": ("sweeps 7-14", "5e9dacd"), "d": ("the planned sweeps", "0dd2aa9")}
+_GENERATIONS = {"c": ("sweeps 7-11", "5e9dacd"), "d": ("the planned sweeps", "0dd2aa9")}
 
 
 def _header(name: str, head_dim: int, values: dict[str, list[int]]) -> str:
     held = ", ".join(k for k, v in values.items() if len(v) == 1)
     sweeps, commit = _GENERATIONS[name[-1]]
-    sweeps = "sweeps 7-11" if sweeps == "sweeps 7-14" else sweeps  # the stored files' words
     return f"""# A reduced sm90 space for one exhaustive measurement at head dim {head_dim} (tests/data/README.md, {sweeps}),
 # written by tests/gpu/derive_sweep_spaces.py: the knobs, macros, launch geometry, derived values, constraints and
 # warpgroup rules of search_spaces/sm90.toml at commit {commit}, with fewer values per knob (every one a value of

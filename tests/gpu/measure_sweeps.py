@@ -185,7 +185,7 @@ SWEEPS = (
         held_out=True,
     ),
 )
-#: sweeps 15-20, planned and not measured yet (tests/data/README.md): held out, new shapes of the classes the
+#: sweeps 15-19, planned and not measured yet (tests/data/README.md): held out, new shapes of the classes the
 #: issue names (d64 causal and not, d256, long causal GQA, batch-heavy N 512) on spaces derived from sm90.toml at
 #: 0dd2aa9 (the ``*d`` files). `--only NAME` measures one; none is replayed until its database is stored and the
 #: sweep moved into SWEEPS
