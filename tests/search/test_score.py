@@ -1,0 +1,27 @@
+"""tests/search/score.py: design sweeps by default, a held-out one only when asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gpu.measure_sweeps import SWEEPS
+from tests.search import score
+
+
+def test_without_held_out_no_held_out_sweep_is_listed():
+    names = score.sweep_names(False)
+    assert names and not any(score.held_out(n) for n in names)
+    assert set(score.sweep_names(True)) - set(names) == {s.name for s in SWEEPS if s.held_out}
+
+
+def test_asking_for_a_held_out_sweep_without_the_flag_is_refused(capsys):
+    name = next(s.name for s in SWEEPS if s.held_out)
+    with pytest.raises(SystemExit) as e:
+        score.main(["--only", name])
+    assert e.value.code == 2 and "--held-out" in capsys.readouterr().err
+
+
+def test_one_design_sweep_scores_one_row(capsys):
+    assert score.main(["--only", "bf16-full-n2048", "--seeds", "2", "--windows", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| bf16-full-n2048 ")]
+    assert len(rows) == 1 and "| design | 1 |" in rows[0]
