@@ -69,6 +69,7 @@ class Sweep:
     flags: tuple[str, ...]  # problem flags of flashtune tune
     held_out: bool = False
     rate: float | None = None  # configs/s estimate, if not the space's
+    gpu: str = "h200"  # the card it was measured on: the database file's prefix
 
     @property
     def study(self) -> str:
@@ -77,7 +78,7 @@ class Sweep:
     @property
     def db(self) -> str:
         """The database file: the space's head-dim tag (d64, d64b, d128c ...), then the name past its head dim."""
-        return f"h200_sweep_{self.space.removeprefix('sm90_sweep_')}_{self.name.split('-', 1)[1].replace('-', '_')}.db"
+        return f"{self.gpu}_sweep_{self.space.removeprefix('sm90_sweep_')}_{self.name.split('-', 1)[1].replace('-', '_')}.db"
 
     @property
     def space_file(self) -> Path:
@@ -183,24 +184,48 @@ SWEEPS = (
         _flags("fp16", 64, True, 2, 4096, 32, 8),
         held_out=True,
     ),
-)
-#: sweeps 15-19, planned and not measured yet (tests/data/README.md): held out, new shapes of the classes the
-#: issue names (d64 causal and not, d256, long causal GQA, batch-heavy N 512) on spaces derived from sm90.toml at
-#: 0dd2aa9 (the ``*d`` files). `--only NAME` measures one; none is replayed until its database is stored and the
-#: sweep moved into SWEEPS
-PLANNED = (
-    Sweep("d64-fp16-full-b12-h12-n1536", "sm90_sweep_d64d", _flags("fp16", 64, False, 12, 1536, 12), held_out=True),
-    Sweep("d64-bf16-causal-b8-h16-n2048", "sm90_sweep_d64d", _flags("bf16", 64, True, 8, 2048, 16), held_out=True),
+    # sweeps 15-19 (2026-12-05, session 30), held out: new shapes of the classes issue 17 names on spaces derived from
+    # sm90.toml at 0dd2aa9 (the *d files); measured on an H100 (no H200 could be had)
+    Sweep(
+        "d64-fp16-full-b12-h12-n1536",
+        "sm90_sweep_d64d",
+        _flags("fp16", 64, False, 12, 1536, 12),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d64-bf16-causal-b8-h16-n2048",
+        "sm90_sweep_d64d",
+        _flags("bf16", 64, True, 8, 2048, 16),
+        held_out=True,
+        gpu="h100",
+    ),
     Sweep(
         "d128-bf16-causal-gqa64x8-b1-n8192",
         "sm90_sweep_d128d",
         _flags("bf16", 128, True, 1, 8192, 64, 8),
         held_out=True,
         rate=9.0,
+        gpu="h100",
     ),
-    Sweep("d128-fp16-full-b48-h16-n512", "sm90_sweep_d128d", _flags("fp16", 128, False, 48, 512, 16), held_out=True),
-    Sweep("d256-fp16-full-b4-h8-n3072", "sm90_sweep_d256d", _flags("fp16", 256, False, 4, 3072, 8), held_out=True),
+    Sweep(
+        "d128-fp16-full-b48-h16-n512",
+        "sm90_sweep_d128d",
+        _flags("fp16", 128, False, 48, 512, 16),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-fp16-full-b4-h8-n3072",
+        "sm90_sweep_d256d",
+        _flags("fp16", 256, False, 4, 3072, 8),
+        held_out=True,
+        gpu="h100",
+    ),
 )
+#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
+#: database is stored and the sweep moved into SWEEPS
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
