@@ -74,11 +74,10 @@ def test_every_value_of_an_ordered_knob_lies_on_its_integer_grid(values):
 
 
 def _space_of(meta):
-    for path in SPACES:
-        space = load_space(path)
-        if st.space_digest(space) == meta.space_digest:
-            return space
-    return None
+    """The space file the sweep was measured with: its digest, and of two spaces with one digest (the same knobs and
+    values, as sm90_sweep_d128c and d128d have) the one of the study's family."""
+    matches = [space for space in map(load_space, SPACES) if st.space_digest(space) == meta.space_digest]
+    return next((s for s in matches if s.name == meta.family), matches[0] if matches else None)
 
 
 class _Flat:
