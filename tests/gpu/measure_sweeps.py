@@ -10,7 +10,8 @@ unless an identical copy was there before). The sweeps share one time budget (``
 this script's start): a sweep starts only while at least ``MIN_START_S`` of it is left, and is told to stop
 (``--timeout``) in time for the budget; sweeps not started are listed as skipped. Running the same command
 again resumes: a finished sweep is skipped, an interrupted one carries on where it stopped (the grid sampler
-proposes only the configs its study does not hold yet). Sweeps marked ``held_out`` are HELD-OUT: only scored
+proposes only the configs its study does not hold yet), on the card it started on: a database's name says which
+(``h200_``/``h100_``, a planned sweep's from nvidia-smi). Sweeps marked ``held_out`` are HELD-OUT: only scored
 at the end, never used to design or tune the search.
 
 Prints each sweep's progress lines, then a table: sweep, feasible, measured, failed, best and default
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Self
 
@@ -236,6 +237,41 @@ PLANNED: tuple[Sweep, ...] = (
     Sweep("d256-bf16-causal-b4-h16-n1536", "sm90_sweep_d256d", _flags("bf16", 256, True, 4, 1536, 16), held_out=True),
 )
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
+
+
+def card_tag(name: str) -> str | None:
+    """The database prefix of a card from its name as nvidia-smi prints it ("NVIDIA H100 80GB HBM3" -> "h100"),
+    or None for a card this script has no prefix for."""
+    return next((tag for tag in ("h100", "h200") if tag in name.lower()), None)
+
+
+def on_card(sweep: Sweep, tag: str | None) -> Sweep:
+    """The sweep as measured on the card ``tag``: a planned sweep takes the card's prefix (the database says where it
+    ran); a stored one must resume on its own card, or its table would mix two cards' timings."""
+    if tag is None or tag == sweep.gpu:
+        return sweep
+    if sweep in PLANNED:
+        return replace(sweep, gpu=tag)
+    raise SystemExit(
+        f"{sweep.name} was measured on an {sweep.gpu.upper()} ({sweep.db}), and this card is an {tag.upper()}: "
+        f"resume it on an {sweep.gpu.upper()}, or measure a new sweep (PLANNED) here"
+    )
+
+
+def _card(gpus: str) -> str | None:
+    """The tag (:func:`card_tag`) of the first GPU of ``--gpus``, or None when nvidia-smi cannot tell."""
+    index = gpus.split(",")[0]
+    try:
+        name = subprocess.run(
+            ["nvidia-smi", "-i", index, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return card_tag(name)
 
 
 def _stamp(t0: float) -> str:
@@ -477,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         InstalledSpaces([s.space for s in sweeps]).check()
         return 0
 
+    tag = _card(args.gpus)
+    sweeps = [on_card(s, tag) for s in sweeps]
     out.mkdir(parents=True, exist_ok=True)
     deadline = t0 + args.budget
     summary_path = out / "measure_sweeps.json"

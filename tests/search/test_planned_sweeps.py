@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.gpu.derive_sweep_spaces import OUT
-from tests.gpu.measure_sweeps import PLANNED, SWEEPS, feasible_count
+from tests.gpu.measure_sweeps import PLANNED, SWEEPS, card_tag, feasible_count, on_card
 from tuner.devices import limits_for_arch
 from tuner.space import load_space
 
@@ -30,4 +30,17 @@ def test_a_today_derived_sweeps_default_is_the_shipped_default_and_feasible(swee
 def test_planned_sweeps_are_held_out_new_and_not_stored_yet():
     stored = {s.name for s in SWEEPS}
     assert all(s.held_out and s.name not in stored for s in PLANNED)
-    assert not [s.db for s in PLANNED if (DATA / s.db).exists()], "a measured planned sweep belongs in SWEEPS"
+    stored_dbs = [on_card(s, card).db for s in PLANNED for card in ("h100", "h200")]
+    assert not [db for db in stored_dbs if (DATA / db).exists()], "a measured planned sweep belongs in SWEEPS"
+
+
+def test_a_planned_sweep_takes_the_name_of_the_card_it_runs_on_and_a_stored_one_keeps_its_own():
+    assert card_tag("NVIDIA H100 80GB HBM3") == "h100" and card_tag("NVIDIA H200") == "h200"
+    assert card_tag("NVIDIA A100-SXM4-80GB") is None
+    planned = PLANNED[0]
+    assert planned.gpu == "h200" and on_card(planned, "h100").db.startswith("h100_sweep_")
+    assert on_card(planned, None) == planned
+    stored = next(s for s in SWEEPS if s.gpu == "h100")
+    assert on_card(stored, "h100") == stored
+    with pytest.raises(SystemExit, match="resume it on an H100"):
+        on_card(stored, "h200")
