@@ -47,7 +47,7 @@ def run(lanes: int, workers: int, measure_s: float, directory: str, sampler: str
         name="bench",
         space=oracle.space,
         problem=oracle.problem,
-        gpu={"name": oracle.device.name or "H200"},
+        gpu={**oracle.device.to_dict(), "name": oracle.device.name or "H200"},
         sampler=optuna.samplers.RandomSampler(0),
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.gpu.measure_sweeps import SWEEPS
 from tuner.cli import main
 from tuner.run import ReplayError, load_oracle, replay, replay_one, summarize
 from tuner.space import config_key
@@ -41,6 +42,21 @@ def test_a_replayed_run_measures_the_default_first_then_distinct_configs_from_th
     hit = run.evaluations_to(max(run.values))
     assert hit is not None and run.values[hit - 1] == max(run.values)
     assert run.evaluations_to(oracle.best * 2) is None
+
+
+@pytest.mark.parametrize("window", [1, 17])
+def test_a_replay_starts_from_the_problems_default_as_a_real_study_does(window):
+    """On a space whose ``[[defaults]]`` rules change the default for the problem, the replayed study enqueues
+    the default the search starts from (the problem's, which needs the device's limits), not the head dim's:
+    a real study's GPU information carries those limits."""
+    name = "d64-bf16-causal-b32-h12-n512"
+    sweep = next(s for s in SWEEPS if s.name == name)
+    oracle = load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / sweep.db}"), sweep.study, sweep.space_file)
+    default = oracle.space.defaults(problem=oracle.problem, device=oracle.device)
+    assert default != oracle.space.defaults(oracle.problem.head_dim)  # the rules matter at this shape
+    run = replay_one(oracle, "pattern", seed=0, budget=window + 2, window=window)
+    assert run.values[0] == oracle.results[config_key(default)]
+    assert f"default {oracle.results[config_key(default)] / oracle.best:.3f} of it" in oracle.describe()
 
 
 def test_replay_is_reproducible_for_a_seed(oracle):

@@ -84,7 +84,7 @@ class Oracle:
     def describe(self) -> str:
         """One line: what the oracle is, its best and the default's share of it."""
         feasible = sum(1 for v in self.results.values() if v is not None)
-        default = self.results.get(config_key(self.space.defaults(self.problem.head_dim)))
+        default = self.results.get(config_key(self.space.defaults(problem=self.problem, device=self.device)))
         return (
             f"replay of {self.study_name}: {self.problem.slug()}, {feasible} measured configs, best "
             f"{self.best:.1f} TFLOPS" + (f", default {default / self.best:.3f} of it" if default else "")
@@ -186,7 +186,7 @@ def replay_one(oracle: Oracle, sampler: str, seed: int, budget: int, window: int
         name="replay",
         space=oracle.space,
         problem=oracle.problem,
-        gpu={"name": oracle.device.name or "replay"},
+        gpu={**oracle.device.to_dict(), "name": oracle.device.name or "replay"},
         sampler=optuna.samplers.RandomSampler(seed=seed),
     )
     search = make_search(sampler, oracle.space, oracle.problem, oracle.device, seed)
