@@ -1,12 +1,15 @@
 """Sweeps on spaces derived from today's sm90.toml (the ``*d`` files of tests/gpu/derive_sweep_spaces.py: sweeps
-15-19 and any still ``PLANNED`` in tests/gpu/measure_sweeps.py): each sweep's default must be the config the tuner
+15-24 and any still ``PLANNED`` in tests/gpu/measure_sweeps.py): each sweep's default must be the config the tuner
 ships for its problem, or the sweep would judge a search from a start no user has.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from tests.gpu import measure_sweeps
 from tests.gpu.derive_sweep_spaces import OUT
 from tests.gpu.measure_sweeps import PLANNED, SWEEPS, card_tag, feasible_count, on_card
 from tuner.devices import limits_for_arch
@@ -34,10 +37,11 @@ def test_planned_sweeps_are_held_out_new_and_not_stored_yet():
     assert not [db for db in stored_dbs if (DATA / db).exists()], "a measured planned sweep belongs in SWEEPS"
 
 
-def test_a_planned_sweep_takes_the_name_of_the_card_it_runs_on_and_a_stored_one_keeps_its_own():
+def test_a_planned_sweep_takes_the_name_of_the_card_it_runs_on_and_a_stored_one_keeps_its_own(monkeypatch):
     assert card_tag("NVIDIA H100 80GB HBM3") == "h100" and card_tag("NVIDIA H200") == "h200"
     assert card_tag("NVIDIA A100-SXM4-80GB") is None
-    planned = PLANNED[0]
+    planned = replace(SWEEPS[-1], name="d64-fp16-full-b1-h1-n128", held_out=True, gpu="h200")
+    monkeypatch.setattr(measure_sweeps, "PLANNED", (planned,))
     assert planned.gpu == "h200" and on_card(planned, "h100").db.startswith("h100_sweep_")
     assert on_card(planned, None) == planned
     stored = next(s for s in SWEEPS if s.gpu == "h100")
