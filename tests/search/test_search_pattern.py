@@ -522,3 +522,24 @@ def test_the_trace_tool_follows_one_landscape_to_its_planted_best():
     assert lines[1].startswith("  1 ") and lines[1].endswith("(default)")
     assert lines[-1].endswith("***") and all(" from [" in line for line in lines[2:])
     assert trace("island", 0, 60) == lines  # seeded: the same lines again
+
+
+def test_with_a_batch_in_flight_the_steps_that_paid_are_proposed_together(toy_space, problem):
+    """Hooke and Jeeves' pattern move: the default's single-knob changes that measured better (not the one that
+    lost) applied at once, once SPREAD_AFTER proposals are in flight; before that the climb proposes alone."""
+    from tuner.search._pattern import SPREAD_AFTER
+
+    start = toy_space.defaults(problem.head_dim)
+    paid = [{**start, "flag": 1 - start["flag"]}, {**start, "block_n": 32}, {**start, "stages": 1}]
+    lost = {**start, "block_m": 32}
+    together = {**start, "flag": 1 - start["flag"], "block_n": 32, "stages": 1}
+    assert all(toy_space.check(c, problem, SM80) is None for c in [*paid, lost, together])
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    search.observe(start, 100.0)
+    for config, tflops in zip([*paid, lost], (104.0, 103.0, 102.0, 90.0)):
+        search.observe(config, tflops)
+    taken = {config_key(c) for c in [start, *paid, lost]}
+    before = [search.propose(taken) for _ in range(SPREAD_AFTER)]
+    assert together not in before and all(len(_changed(c, start)) <= 2 for c in before)
+    assert search.propose(taken) == together
+    assert search.propose(taken) != together  # proposed once
