@@ -433,9 +433,13 @@ class PatternSearch(Search):
                 move = self._repair(move, changed)
             if move is not None:
                 key = config_key(move)
-                if key not in taken and key not in self.results and key not in self._open:
+                if self._free(key, taken):
                     return move
         return None
+
+    def _free(self, key: str, taken: Set[str]) -> bool:
+        """Whether the config ``key`` may be proposed: nobody took it, it has no result, none of ours is in flight."""
+        return key not in taken and key not in self.results and key not in self._open
 
     def _made_by(self, config: Config, source: str, *, spread: bool = False) -> Config:
         key = config_key(config)
@@ -453,7 +457,7 @@ class PatternSearch(Search):
         """The first restart seed nobody has measured or taken (it is proposed itself), else None."""
         for config in self._starts:
             key = config_key(config)
-            if key not in taken and key not in self.results and key not in self._open:
+            if self._free(key, taken):
                 return config
         return None
 
@@ -488,11 +492,7 @@ class PatternSearch(Search):
     def _propose_pattern(self, taken: Set[str]) -> Config | None:
         while (choice := self._choose()) is not None:
             key, level = choice
-            free = [
-                c
-                for k, c in self.neighbourhood(key, level)
-                if k not in taken and k not in self.results and k not in self._open
-            ]
+            free = [c for k, c in self.neighbourhood(key, level) if self._free(k, taken)]
             if free:
                 return self._favourite(free)
             if key in self.values:
@@ -508,11 +508,7 @@ class PatternSearch(Search):
         for _, _, key, level in sorted(self._heads):
             if key == here:
                 continue
-            free = [
-                c
-                for k, c in self.neighbourhood(key, level)
-                if k not in taken and k not in self.results and k not in self._open
-            ]
+            free = [c for k, c in self.neighbourhood(key, level) if self._free(k, taken)]
             if free:
                 return self._favourite(free)
         return None
@@ -535,7 +531,7 @@ class PatternSearch(Search):
         improvement under :class:`~._surrogate.InteractionGP`, configs in flight shrinking the uncertainty
         near them (a batch spreads out); None when no candidate is left."""
         keys, configs, encoded = self._candidates()
-        free = [i for i, k in enumerate(keys) if k not in taken and k not in self.results and k not in self._open]
+        free = [i for i, k in enumerate(keys) if self._free(k, taken)]
         if not free:
             return None
         pending = self.surrogate.encode(list(self._open.values())) if self._open else None
