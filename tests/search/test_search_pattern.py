@@ -543,3 +543,30 @@ def test_with_a_batch_in_flight_the_steps_that_paid_are_proposed_together(toy_sp
     assert together not in before and all(len(_changed(c, start)) <= 2 for c in before)
     assert search.propose(taken) == together
     assert search.propose(taken) != together  # proposed once
+
+
+def test_a_neighbour_no_better_than_the_incumbent_waits_behind_its_coupled_step(toy_space, problem):
+    """A measured config one knob from a better one ranks as that config's pair level (BEHIND_LEVELS): a neighbour
+    within noise below the incumbent does not have its own single steps tried before the incumbent's coupled step."""
+    from tuner.search import _pattern
+
+    start = toy_space.defaults(problem.head_dim)
+    best = {**start, "block_n": 128}
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    search.observe(start, 80.0)
+    search.observe(best, 100.0)
+    here = config_key(best)
+    steps = [c for _, c in search.neighbourhood(here, 1)]
+    coupled = {**best, "block_n": 64, "stages": 3}  # stages 3 alone overflows shared memory with 128-key blocks
+    assert [c for _, c in search.neighbourhood(here, 2)] == [coupled]
+    twin = {**best, "block_m": 32}
+    for config in steps:
+        search.observe(config, 99.9 if config == twin else 80.0)
+    taken = {config_key(c) for c in [start, best, *steps]}
+    assert search.propose(taken) == coupled
+    assert search._priority(config_key(twin), 1) < search._priority(here, 2) - _pattern.BAND
+    _pattern.BEHIND_LEVELS = 0  # without the rule the twin's steps rank first, above the coupled step
+    try:
+        assert search._priority(config_key(twin), 1) > search._priority(here, 2)
+    finally:
+        _pattern.BEHIND_LEVELS = 3

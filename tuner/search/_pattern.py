@@ -20,6 +20,10 @@ ping-pong). So the search walks the space from the default instead of sampling i
   config's nearest neighbours are spent, the next-best centres and wider levels take over; when
   every level of every measured config is spent, :meth:`propose` returns None and the tuner
   explores at random.
+- A measured config one knob from a better one ranks as that config's pair level (:data:`BEHIND_LEVELS`): its
+  single steps are the better config's pairs. A neighbour that did not improve on the incumbent, within noise of
+  it, does not have its own neighbours tried before the incumbent's coupled steps (beside its jumps, the tie
+  among centres below decides).
 - Ties among centres: heads whose priorities lie within :data:`BAND` (measurement noise) of the highest are
   ranked instead by the interaction surrogate's best rating of their untried neighbours (see below), once
   it ranks: a plateau of near-equal centres is climbed where the model expects a pay-off.
@@ -67,6 +71,7 @@ from ._surrogate import InteractionGP, expected_improvement
 __all__ = [
     "BAND",
     "BAND_LEVEL_TIE",
+    "BEHIND_LEVELS",
     "BO_SHARE",
     "LEVELS",
     "LEVEL_PENALTY",
@@ -108,6 +113,14 @@ STALL = 4  # results without a better best after which the climb counts as stall
 #: of a half) took the d64 bf16 sweep from a median of 11 to 44
 SPREAD_AFTER = 4
 SPREAD = 0.25
+#: levels by which a measured config one knob from a better measured one ranks behind that config: its single
+#: steps are that config's pairs (level 1 + 3), so its neighbourhoods wait as long as those pairs would instead of
+#: coming before the better config's coupled steps. Replayed (window 1, 20 seeds), design sweeps median /
+#: p90 at 0 (none) and 3: sweep 6 17/17 and 16/16, sweep 20 22/22 and 13/13, sweep 21 25/29 and 16/17, the fp16
+#: sm90_small sweep 11.5/20 and 12/20, the other seven unchanged; the synthetic families (20 seeds) coupled 19/32
+#: and 19/38, island 20.5/42 and 21/46, decoy 30.5 and 28; with 17 in flight the eleven design sweeps move by at
+#: most one evaluation (sweep 20: 28.5 to 29.5)
+BEHIND_LEVELS = 3
 #: priority band (log TFLOPS) of (centre, level) heads that count as tied: centres within measurement noise of
 #: each other. Among them the interaction surrogate picks the one whose untried neighbours it rates highest, so
 #: a plateau of near-equal centres is climbed where the model expects the pay-off, not in the order measured.
@@ -224,6 +237,7 @@ class PatternSearch(Search):
         self._spread: set[str] = set()  # own proposals in flight that came from elsewhere (see SPREAD)
         self._steps: dict[str, list[tuple[str, int, float]]] = {}  # measured key -> (knob, value, log TFLOPS) of
         # the measured configs one knob away
+        self._beside: dict[str, float] = {}  # measured key -> the best log TFLOPS measured one knob from it
 
     # -- learning ---------------------------------------------------------------------------------
     def add_start(self, config: Config) -> None:
@@ -244,6 +258,7 @@ class PatternSearch(Search):
         best = max(self.values.values(), default=-math.inf)
         self._since_best = 0 if math.log(value) > best + IMPROVEMENT else self._since_best + 1
         self.model.add(config, value)
+        behind = False  # whether this result is better than a measured config one knob away
         for other_key in self.values:  # single-knob steps between measured configs, for the pattern move
             other = self.configs[other_key]
             changed = [n for n in config if config[n] != other[n]]
@@ -251,8 +266,13 @@ class PatternSearch(Search):
                 n = changed[0]
                 self._steps.setdefault(other_key, []).append((n, config[n], math.log(value)))
                 self._steps.setdefault(key, []).append((n, other[n], self.values[other_key]))
+                self._beside[other_key] = max(self._beside.get(other_key, -math.inf), math.log(value))
+                self._beside[key] = max(self._beside.get(key, -math.inf), self.values[other_key])
+                behind |= math.log(value) > self.values[other_key]
         self.values[key] = math.log(value)
         self.configs[key] = config
+        if behind:
+            self._reprioritize()
         self._push(key, 1)
 
     def withdraw(self, config: Config) -> None:
@@ -261,7 +281,19 @@ class PatternSearch(Search):
 
     # -- choosing where to propose from -------------------------------------------------------------
     def _priority(self, key: str, level: int) -> float:
-        return self.values[key] + self._boost.get(key, 0.0) - self.level_penalty * (level - 1)
+        if key in self._boost:  # a restart: lifted above the best, whatever its neighbours measured
+            return self.values[key] + self._boost[key] - self.level_penalty * (level - 1)
+        own = self.values[key]
+        if self._beside.get(key, -math.inf) > own:  # a better config one knob away
+            own = min(own, self._beside[key] - BEHIND_LEVELS * self.level_penalty)
+        return own - self.level_penalty * (level - 1)
+
+    def _reprioritize(self) -> None:
+        """Every head's priority again: a new result may be a better config one knob from a centre."""
+        self._heads = [(-self._priority(key, level), tie, key, level) for _, tie, key, level in self._heads]
+        heapq.heapify(self._heads)
+        if self.current is not None and self.current[0] != math.inf:  # not the start before its result
+            self.current = (self._priority(*self.current[1:]), *self.current[1:])
 
     def _push(self, key: str, level: int) -> None:
         if level <= len(LEVELS):
