@@ -230,6 +230,10 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
             **({"q_stages": 1} if head_dim == 256 else {}),
         }
     v["q1"] = {"persistent": 1, "q_stages": 1}  # the default tile with one Q stage
+    if head_dim == 256:  # a re-timed winner at d256 bf16 causal B4 H8 N2048, 1.18x (tests/gpu/d256_causal_shapes.toml)
+        v["q1_bn64"] = {"persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 0}
+        v["q1_bn64_win"] = {**v["q1_bn64"], "consumer_regs": 232, "rescale_slack": 6}  # that winner whole
+        v["q1_bn64_dynamic"] = {**v["q1_bn64"], "scheduler": 1}  # units longest first from a tile counter
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
     v = {
