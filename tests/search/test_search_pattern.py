@@ -545,7 +545,7 @@ def test_with_a_batch_in_flight_the_steps_that_paid_are_proposed_together(toy_sp
     assert search.propose(taken) != together  # proposed once
 
 
-def test_a_neighbour_no_better_than_the_incumbent_waits_behind_its_coupled_step(toy_space, problem):
+def test_a_neighbour_no_better_than_the_incumbent_waits_behind_its_coupled_step(toy_space, problem, monkeypatch):
     """A measured config one knob from a better one ranks as that config's pair level (BEHIND_LEVELS): a neighbour
     within noise below the incumbent does not have its own single steps tried before the incumbent's coupled step."""
     from tuner.search import _pattern
@@ -565,8 +565,5 @@ def test_a_neighbour_no_better_than_the_incumbent_waits_behind_its_coupled_step(
     taken = {config_key(c) for c in [start, best, *steps]}
     assert search.propose(taken) == coupled
     assert search._priority(config_key(twin), 1) < search._priority(here, 2) - _pattern.BAND
-    _pattern.BEHIND_LEVELS = 0  # without the rule the twin's steps rank first, above the coupled step
-    try:
-        assert search._priority(config_key(twin), 1) > search._priority(here, 2)
-    finally:
-        _pattern.BEHIND_LEVELS = 3
+    monkeypatch.setattr(_pattern, "BEHIND_LEVELS", 0)  # without the rule the twin's steps rank above the coupled step
+    assert search._priority(config_key(twin), 1) > search._priority(here, 2)
