@@ -262,23 +262,53 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
-)
-#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
-#: database is stored and the sweep moved into SWEEPS
-PLANNED: tuple[Sweep, ...] = (
-    # sweeps 30-35, held out: for the next change to the search (every held-out figure of sweeps 1-29 has been seen)
+    # sweeps 30-35, held out: measured on an H100 (2026-12-06, session 34) before the change to the search they score
     Sweep(
         "d256-bf16-causal-gqa32x8-b1-n3072",
         "sm90_sweep_d256d",
         _flags("bf16", 256, True, 1, 3072, 32, 8),
         held_out=True,
+        gpu="h100",
     ),
-    Sweep("d256-fp16-causal-b8-h8-n1024", "sm90_sweep_d256d", _flags("fp16", 256, True, 8, 1024, 8), held_out=True),
-    Sweep("d64-fp16-full-b8-h24-n1280", "sm90_sweep_d64d", _flags("fp16", 64, False, 8, 1280, 24), held_out=True),
-    Sweep("d64-bf16-causal-b16-h12-n1024", "sm90_sweep_d64d", _flags("bf16", 64, True, 16, 1024, 12), held_out=True),
-    Sweep("d128-fp16-causal-b4-h24-n2560", "sm90_sweep_d128d", _flags("fp16", 128, True, 4, 2560, 24), held_out=True),
-    Sweep("d128-bf16-full-b16-h12-n768", "sm90_sweep_d128d", _flags("bf16", 128, False, 16, 768, 12), held_out=True),
+    Sweep(
+        "d256-fp16-causal-b8-h8-n1024",
+        "sm90_sweep_d256d",
+        _flags("fp16", 256, True, 8, 1024, 8),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d64-fp16-full-b8-h24-n1280",
+        "sm90_sweep_d64d",
+        _flags("fp16", 64, False, 8, 1280, 24),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d64-bf16-causal-b16-h12-n1024",
+        "sm90_sweep_d64d",
+        _flags("bf16", 64, True, 16, 1024, 12),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d128-fp16-causal-b4-h24-n2560",
+        "sm90_sweep_d128d",
+        _flags("fp16", 128, True, 4, 2560, 24),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d128-bf16-full-b16-h12-n768",
+        "sm90_sweep_d128d",
+        _flags("bf16", 128, False, 16, 768, 12),
+        held_out=True,
+        gpu="h100",
+    ),
 )
+#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
+#: database is stored and the sweep moved into SWEEPS
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
