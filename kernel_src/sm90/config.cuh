@@ -76,6 +76,11 @@
 #ifndef FT_KV_SPLITS
 #define FT_KV_SPLITS 1  // CTAs (units) sharing one query block's key blocks, merged by LSE weights (1 = no split)
 #endif
+#ifndef FT_UNIT_ORDER
+// causal units: 0 one (batch, head) after another, longest query block first within each; 1 sections of (batch,
+// head)s, longest query block first across a section; 2 the same for the last section only (tile_scheduler.cuh)
+#define FT_UNIT_ORDER 0
+#endif
 #ifndef FT_TAIL_SPLITS
 #define FT_TAIL_SPLITS 1  // persistent: key ranges per tile of the last, partly filled wave (at most; 1 = no split)
 #endif
@@ -133,6 +138,8 @@ constexpr bool kDynamicScheduler = FT_SCHEDULER == 1;
 constexpr int kPolyExp = FT_POLY_EXP;
 constexpr int kKvSplits = FT_KV_SPLITS;
 constexpr int kTailSplits = FT_TAIL_SPLITS;
+constexpr int kUnitOrder = FT_UNIT_ORDER;
+constexpr int kSectionWaves = 2;  // FT_UNIT_ORDER > 0: waves of units (of the CTAs that run at once) per section, at least
 // Do units compute part of a tile's key blocks (then partials are merged: epilogue.cuh)? Split-KV always, the
 // tail split for the tiles of the last partial wave (the split count is the scheduler's, at run time).
 constexpr bool kSplitKeys = kKvSplits > 1 || kTailSplits > 1;
@@ -190,6 +197,9 @@ static_assert(FT_Q_STAGES == 1 || FT_Q_STAGES == 2, "q_stages: 1 or 2");
 static_assert(kPersistent || FT_Q_STAGES == 2,
               "q_stages=1 sets the Q stages of a persistent CTA; a CTA per block has one anyway: set q_stages=2 or persistent=1");
 static_assert(FT_SCHEDULER == 0 || FT_SCHEDULER == 1, "scheduler: 0 (static snake) or 1 (dynamic)");
+static_assert(kUnitOrder >= 0 && kUnitOrder <= 2, "unit_order: 0 (heads one after another), 1 (sections), 2 (last)");
+static_assert(kUnitOrder == 0 || kIsCausal, "unit_order > 0 orders causal units by length; set unit_order=0");
+static_assert(kUnitOrder == 0 || kTailSplits == 1, "unit_order > 0 does not number the tail split's tiles");
 static_assert(!kDynamicScheduler || kPersistent, "scheduler=1 (dynamic) orders the units of persistent CTAs");
 static_assert(!kDynamicScheduler || kClusterCtas == 1,
               "scheduler=1 (dynamic) needs cta_mode=1: a cluster would have to share each fetched unit over DSMEM");

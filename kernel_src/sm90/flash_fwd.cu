@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kCtasPerSm) FT_CLUSTER_DI
   const int wg = warp_in_cta / 4;
   const int lane = threadIdx.x % 32;
   const int rank = kClusterCtas == 1 ? 0 : static_cast<int>(ptx::cluster_ctarank());
-  TileScheduler sched(batch, seqlen_q, heads_q, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x);
+  TileScheduler sched(batch, seqlen_q, seqlen_k, heads_q, heads_kv, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x);
 
   if (threadIdx.x == 0) {
     smem.k_ring.init(4 * kConsumerWgs * kClusterCtas);

@@ -6,6 +6,13 @@
 //   unit = (batch * heads + head) * m_groups + (m_groups - 1 - group)
 // so that CTAs running at the same time share one head's K/V in L2, and the long causal
 // blocks of a head start before its short ones.
+//   FT_UNIT_ORDER > 0 (causal): (batch, head)s in sections of whole K/V heads, each at least kSectionWaves (2) waves of
+//   units of the CTAs that run at once; within a section the query-block group is slowest, longest first, and the
+//   head fastest: unit = section start + group * section heads + head in section. 1: every head in sections, as
+//   even as possible (the first ones one K/V head more); 2: one after another as above, but the last heads, as few
+//   as make one section, in a section. Why: with one head after another, the longest units of the last heads start
+//   in the last wave, and a greedy order (the tile counter, or the hardware's dispatch of CTAs per block) ends
+//   1.1-1.3x past the mean load at 4-8 waves; a section ends with its shortest units.
 //   FT_PERSISTENT=0: one unit per cluster, from blockIdx (grid: m_groups * kClusterCtas, heads, batch).
 //   FT_PERSISTENT=1: the G = gridDim.x / kClusterCtas clusters take the units in rounds of G, round r
 //   being units [r G, (r + 1) G), in a snake: cluster c takes unit r G + c in even rounds and
@@ -36,6 +43,7 @@
 #pragma once
 
 #include "sm90/config.cuh"
+#include "sm90/ptx/cluster.cuh"
 
 namespace ft_sm90 {
 
@@ -56,10 +64,13 @@ struct TileScheduler {
   int unit, stride;
   int cluster, round = 0;
   int whole_tiles = 0, tail_splits = 1;  // FT_TAIL_SPLITS > 1: tiles [0, whole_tiles) are one unit, the rest s each
+  // FT_UNIT_ORDER > 0: query heads per K/V head, K/V heads one after another before the sections, K/V heads per
+  // section, sections holding one more (the first ones)
+  int group_heads = 1, prefix_groups = 0, section_groups = 0, wide_sections = 0;
 
   // block = (blockIdx.x, blockIdx.y, blockIdx.z), grid_x = gridDim.x
-  __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int heads_q, int block_x, int block_y,
-                                                    int block_z, int grid_x)
+  __host__ __device__ __forceinline__ TileScheduler(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+                                                    int block_x, int block_y, int block_z, int grid_x)
       : m_groups((seqlen_q + kBlockM * kClusterCtas - 1) / (kBlockM * kClusterCtas)), heads(heads_q) {
     units = m_groups * heads * batch * kKvSplits;
     cluster = block_x / kClusterCtas;
@@ -76,6 +87,30 @@ struct TileScheduler {
       unit = (block_z * heads + block_y) * m_groups * kKvSplits + cluster;
       stride = units;  // one unit
     }
+    if constexpr (kUnitOrder > 0) {
+      const int concurrent = kPersistent ? stride : sm_count() * kCtasPerSm / kClusterCtas;  // units run at once
+      group_heads = heads_q / heads_kv;
+      const int groups = batch * heads_kv;
+      const int per_group = m_groups * group_heads;  // tiles of one K/V head
+      const int least = max(1, (kSectionWaves * concurrent + per_group - 1) / per_group);  // K/V heads per section
+      if constexpr (kUnitOrder == 1) {
+        const int sections = max(1, groups / least);
+        section_groups = groups / sections;
+        wide_sections = groups % sections;
+      } else {
+        section_groups = min(groups, least);
+        prefix_groups = groups - section_groups;
+      }
+    }
+  }
+
+  // The SMs (host: the check of tests/kernels/sm90_schedule_check.cu sizes sections as for an H100/H200's 132).
+  __host__ __device__ __forceinline__ static int sm_count() {
+#ifdef __CUDA_ARCH__
+    return static_cast<int>(ptx::sm_ids());
+#else
+    return 132;
+#endif
   }
 
   __host__ __device__ __forceinline__ bool valid() const {
@@ -126,11 +161,41 @@ struct TileScheduler {
     return units / kKvSplits;
   }
 
-  __host__ __device__ __forceinline__ int m_block(int rank) const {
-    return (m_groups - 1 - tile() % m_groups) * kClusterCtas + rank;
+  // The tile's query-block group in the order taken (0: the last, longest causal one) and its batch * heads + head.
+  __host__ __device__ __forceinline__ void locate(int& group, int& batch_head) const {
+    const int t = tile();
+    if constexpr (kUnitOrder > 0) {
+      const int prefix_heads = prefix_groups * group_heads;
+      if (t >= prefix_heads * m_groups) {
+        const int wide = (section_groups + 1) * group_heads, narrow = section_groups * group_heads;  // heads
+        const int wide_tiles = wide_sections * wide * m_groups;
+        const int u = t - prefix_heads * m_groups;
+        const bool in_wide = u < wide_tiles;
+        const int size = in_wide ? wide : narrow, local = in_wide ? u : u - wide_tiles;
+        const int section = local / (size * m_groups), within = local % (size * m_groups);
+        group = within / size;
+        batch_head = prefix_heads + (in_wide ? 0 : wide_sections * wide) + section * size + within % size;
+        return;
+      }
+    }
+    group = t % m_groups;
+    batch_head = t / m_groups;
   }
-  __host__ __device__ __forceinline__ int head() const { return (tile() / m_groups) % heads; }
-  __host__ __device__ __forceinline__ int batch() const { return tile() / m_groups / heads; }
+  __host__ __device__ __forceinline__ int m_block(int rank) const {
+    int group, batch_head;
+    locate(group, batch_head);
+    return (m_groups - 1 - group) * kClusterCtas + rank;
+  }
+  __host__ __device__ __forceinline__ int head() const {
+    int group, batch_head;
+    locate(group, batch_head);
+    return batch_head % heads;
+  }
+  __host__ __device__ __forceinline__ int batch() const {
+    int group, batch_head;
+    locate(group, batch_head);
+    return batch_head / heads;
+  }
 };
 
 }  // namespace ft_sm90

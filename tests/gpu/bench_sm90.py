@@ -234,6 +234,10 @@ def variants(head_dim: int, quick: bool) -> dict[str, dict[str, int]]:
         v["q1_bn64"] = {"persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 0}
         v["q1_bn64_win"] = {**v["q1_bn64"], "consumer_regs": 232, "rescale_slack": 6}  # that winner whole
         v["q1_bn64_dynamic"] = {**v["q1_bn64"], "scheduler": 1}  # units longest first from a tile counter
+        # the same in sections of heads, longest query block first across a section (unit_order=1; causal only), and
+        # with only the last heads in such a section (unit_order=2)
+        v["q1_bn64_dynamic_sections"] = {**v["q1_bn64_dynamic"], "unit_order": 1}
+        v["q1_bn64_dynamic_last"] = {**v["q1_bn64_dynamic"], "unit_order": 2}
     v["q1_dynamic"] = {"persistent": 1, "q_stages": 1, "scheduler": 1}
     # every variant not named persistent is one CTA per block (the default's persistent is 1 at d64 and d128)
     v = {
@@ -296,7 +300,12 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
 
 # knobs set on top of the problem's default (the [[defaults]] rules applied), not the head dim's as in variants():
 # what a rule's choice is worth beside another knob's default (dropped where it is the problem's default already)
-RULES_VARIANTS = {"rules_kv2": {"kv_stages": 2}}  # the d64 default has three
+RULES_VARIANTS = {
+    "rules_kv2": {"kv_stages": 2},  # the d64 default has three
+    "rules_sections": {"unit_order": 1},  # causal units in sections of heads, longest first across a section
+    "rules_last": {"unit_order": 2},  # the same for the last heads only, one after another before them
+    "rules_heads": {"unit_order": 0},  # causal units one head after another, where a rule chose another order
+}
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 _BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well

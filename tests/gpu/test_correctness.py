@@ -68,13 +68,14 @@ def problems_for(dtype, head_dim, causal, shapes=SHAPES):
     ]
 
 
-def covering_configs(space, device, head_dim, seed=0):
+def covering_configs(space, device, head_dim, seed=0, causal_only=()):
     """For one head dim: its default, the family's representative knob combinations
     (tests/kernels/sm90_configs.py, completed for the first static problem), then configs feasible for every static problem of that head dim
-    so that every knob value that fits it appears at least once."""
+    so that every knob value that fits it appears at least once. With ``causal_only`` (those configs, run on every
+    problem): the same over the causal problems alone, less those configs: what runs only with the causal mask."""
     rng = random.Random(seed)
-    probes = [problems_for(*s)[0] for s in statics(space) if s[1] == head_dim]
-    chosen = [space.defaults(head_dim)]
+    probes = [problems_for(*s)[0] for s in statics(space) if s[1] == head_dim and (s[2] or not causal_only)]
+    chosen = list(causal_only) or [space.defaults(head_dim)]
     for partial in REPRESENTATIVE.get(space.name, {}).values():
         try:
             c = complete(space, partial, probes[0], device).config
@@ -92,7 +93,7 @@ def covering_configs(space, device, head_dim, seed=0):
                 if all(space.check(c, p, device) is None for p in probes):
                     chosen.append(c)
                     break
-    return only_matching(chosen)
+    return only_matching(chosen[len(causal_only) :])
 
 
 def only_matching(configs: list[dict]) -> list[dict]:
@@ -110,8 +111,12 @@ def matrix(device) -> dict:
     spaces = [space for space in map(load_space, available_families()) if space.runs_on(device.arch) is None]
     jobs = []
     for space in spaces:
-        configs = {d: covering_configs(space, device, d) for d in space.family.head_dims}
-        jobs += [(space, c, problems_for(*static)[0]) for static in statics(space) for c in configs[static[1]]]
+        every = {d: covering_configs(space, device, d) for d in space.family.head_dims}
+        causal = {d: covering_configs(space, device, d, causal_only=every[d]) for d in space.family.head_dims}
+        for dtype, d, is_causal in statics(space):
+            jobs += [
+                (space, c, problems_for(dtype, d, is_causal)[0]) for c in every[d] + (causal[d] if is_causal else [])
+            ]
     outcomes = compile_many(jobs, device)
     out = {space.name: (space, {}, []) for space in spaces}
     for (space, c, p), o in zip(jobs, outcomes):

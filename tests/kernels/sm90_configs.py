@@ -188,6 +188,26 @@ SM90_D256_REPRESENTATIVE = {
     "d256_one_wg_dynamic": {**ONE_WG, "block_n": 64, "persistent": 1, "scheduler": 1},
     "d256_p_smem_block_n_64": {"block_n": 64, "p_smem": 1},  # 80 keys' P tiles do not fit beside the rings
 }
+# sm90 for causal problems only (unit_order > 0 orders causal units by length): sections with the dynamic order, one
+# CTA per block, the static snake in a cluster (its producer takes 40 registers: at a cluster's 32 the sections' unit
+# arithmetic spills 16 B, ptxas 13.0) and split-KV; the last section alone, dynamic and one CTA per block;
+# the d256 tile persistent with one Q stage, 64-key blocks and the last section (dynamic)
+SM90_CAUSAL_REPRESENTATIVE = {
+    "sections": {"unit_order": 1},
+    "sections_one_per_block": {"unit_order": 1, "persistent": 0},
+    "sections_static_snake_cluster": {**CLUSTER, "producer_regs": 40, "unit_order": 1, "persistent": 1},
+    "sections_split2": {"unit_order": 1, "kv_splits": 2},
+    "last_section": {"unit_order": 2},
+    "last_section_one_per_block": {"unit_order": 2, "persistent": 0},
+    "last_section_one_q_stage_bn64": {"unit_order": 2, "persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 1},
+}
 #: family -> named partial configs that the GPU correctness matrix also runs (tests/gpu/test_correctness.py),
 #: at every head dim where they are feasible (missing knobs: that head dim's defaults)
-REPRESENTATIVE = {"sm90": {**SM90_REPRESENTATIVE, **SM90_D64_REPRESENTATIVE, **SM90_D256_REPRESENTATIVE}}
+REPRESENTATIVE = {
+    "sm90": {
+        **SM90_REPRESENTATIVE,
+        **SM90_D64_REPRESENTATIVE,
+        **SM90_D256_REPRESENTATIVE,
+        **SM90_CAUSAL_REPRESENTATIVE,
+    }
+}

@@ -60,7 +60,7 @@ static std::vector<std::vector<TileScheduler>> cluster_units(int gx, int gy, int
     for (int by = 0; by < gy; ++by)
       for (int bx = 0; bx < gx; bx += kClusterCtas) {
         out.emplace_back();
-        TileScheduler s(batch, sq, hq, bx, by, bz, gx);
+        TileScheduler s(batch, sq, sk, hq, hkv, bx, by, bz, gx);
         first.push_back(s);
         if constexpr (!kDynamicScheduler)
           for (; s.valid(); s.next()) out.back().push_back(s);

@@ -10,7 +10,12 @@ import shutil
 
 import pytest
 
-from tests.kernels.sm90_configs import SM90_D64_REPRESENTATIVE, SM90_D256_REPRESENTATIVE, SM90_REPRESENTATIVE
+from tests.kernels.sm90_configs import (
+    SM90_CAUSAL_REPRESENTATIVE,
+    SM90_D64_REPRESENTATIVE,
+    SM90_D256_REPRESENTATIVE,
+    SM90_REPRESENTATIVE,
+)
 from tuner.compile import compile_config
 from tuner.devices import DeviceLimits, limits_for_arch
 from tuner.problem import Problem
@@ -40,6 +45,13 @@ def _builds_without_spills(partial: dict, problem: Problem, completed_at: int) -
 def test_sm90_representative_configs_build_without_spills(name, head_dim, dtype, causal):
     """Completed at head dim 128 (the plain defaults), built at 128 and at 64."""
     _builds_without_spills(SM90_REPRESENTATIVE[name], _problem(head_dim, dtype, causal), 128)
+
+
+@pytest.mark.parametrize("name", list(SM90_CAUSAL_REPRESENTATIVE))
+@pytest.mark.parametrize(("head_dim", "dtype"), [(128, "fp16"), (256, "bf16")])
+def test_sm90_causal_only_configs_build_without_spills(name, head_dim, dtype):
+    config = _builds_without_spills(SM90_CAUSAL_REPRESENTATIVE[name], _problem(head_dim, dtype, True), head_dim)
+    assert load_space("sm90").check(config, _problem(head_dim, dtype, False), limits_for_arch(90))  # causal only
 
 
 @pytest.mark.parametrize("name", list(SM90_D64_REPRESENTATIVE))

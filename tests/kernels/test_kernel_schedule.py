@@ -65,8 +65,28 @@ CONFIGS = {
     "tail4_two_ctas_per_sm": (128, ANY["tail4_two_ctas_per_sm"]),
     "tail3_d64": (64, {"tail_splits": 3}),
     "tail4_d256_one_q_stage": (256, D256["d256_persistent_one_q_stage_tail4"]),
+    # unit_order > 0 (causal only): sections of heads, longest query block first across a section (1), or the last
+    # heads alone in a section (2); with the dynamic order, one CTA per block, the static snake, a cluster, split-KV,
+    # d64, and d256 persistent with one Q stage; test_sections_* runs them on shapes of several sections
+    **{
+        name: (128, {"unit_order": 1, **partial})
+        for name, partial in {
+            "sections_dynamic": {},
+            "sections_one_per_block": {"persistent": 0},
+            "sections_static_snake": {"persistent": 1, "scheduler": 0},
+            "sections_cluster_persistent": {**CLUSTER, "persistent": 1},
+            "sections_split3": {"kv_splits": 3},
+            "last_section_dynamic": {"unit_order": 2},
+            "last_section_one_per_block": {"unit_order": 2, "persistent": 0},
+            "last_section_cluster_persistent": {**CLUSTER, "persistent": 1, "unit_order": 2},
+        }.items()
+    },
+    "sections_d64": (64, {"unit_order": 1}),
+    "sections_d256_q1_bn64": (256, {"unit_order": 1, "persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 0}),
 }
 TAIL = [name for name in CONFIGS if name.startswith("tail")]
+CAUSAL_ONLY = {name for name, (_, partial) in CONFIGS.items() if partial.get("unit_order")}
+BUILDS = [(name, causal) for name in CONFIGS for causal in (False, True) if causal or name not in CAUSAL_ONLY]
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, GQA, seqlen_q != seqlen_k both ways (causal rows
 # that see no key; a causal offset of 1 and of 2 * 128 + 1 puts a warpgroup's last visible key alone in
@@ -94,6 +114,8 @@ def binaries(tmp_path_factory):
     built = {}
     for name, (head_dim, partial) in CONFIGS.items():
         for causal in (False, True):
+            if (name, causal) not in BUILDS:
+                continue
             problem = Problem(batch=1, seqlen_q=128, heads_q=1, head_dim=head_dim, causal=causal)
             config = complete(space, partial, problem, device).config
             assert space.check(config, problem, device) is None, (name, space.check(config, problem, device))
@@ -109,8 +131,7 @@ def binaries(tmp_path_factory):
     return space, device, built
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize(("name", "causal"), BUILDS, ids=[f"{n}-{'causal' if c else 'full'}" for n, c in BUILDS])
 def test_every_query_block_once_and_every_visible_key(binaries, name, causal):
     space, device, built = binaries
     exe, config = built[name, causal]
@@ -165,6 +186,52 @@ def test_the_dynamic_scheduler_balances_long_causal_gqa(binaries):
         assert int(units) == 28 * 128
         ratios[name] = int(max_load) / (int(total) / grid[0])
     assert ratios["static_snake"] > 1.15 and ratios["dynamic"] < 1.01, ratios
+
+
+def _balance(exe, grid, batch, sq, hq, hkv) -> tuple[int, float]:
+    """(units visited, the busiest cluster's key blocks over the mean per cluster of the grid's x)."""
+    run = _run(exe, grid, batch, sq, sq, hq, hkv, "units-only")
+    assert run.returncode == 0, run.stdout
+    _, units, max_load, total = run.stdout.split()
+    return int(units), int(max_load) / (int(total) / grid[0])
+
+
+@pytest.mark.parametrize(
+    ("batch", "sq", "hq", "hkv"), [(4, 2048, 8, 8), (2, 4096, 8, 8), (1, 8192, 16, 8), (3, 3000, 12, 12)]
+)
+def test_sections_take_the_longest_causal_units_first(binaries, batch, sq, hq, hkv):
+    """Causal, 4-8 waves of units on 132 CTAs (d128 defaults): fetched from the counter one head after another, the
+    last heads' longest units start in the last wave and the busiest CTA has 1.12-1.30x the mean load in key blocks;
+    in sections (unit_order=1) 1.003-1.031x, with only the last heads in a section (unit_order=2) 1.03-1.09x. Every
+    unit is visited once in each order."""
+    space, device, built = binaries
+    problem = Problem(batch=batch, seqlen_q=sq, heads_q=hq, heads_kv=hkv, head_dim=128, causal=True)
+    ratios = {}
+    for name in ("dynamic", "sections_dynamic", "last_section_dynamic"):
+        exe, config = built[name, True]
+        units, ratios[name] = _balance(exe, space.launch(config, problem, device).grid, batch, sq, hq, hkv)
+        assert units == batch * hq * -(-sq // 128)
+    assert ratios["dynamic"] > 1.1 and ratios["sections_dynamic"] < 1.05, ratios
+    assert ratios["last_section_dynamic"] < min(1.1, ratios["dynamic"] - 0.03), ratios
+
+
+SECTIONED = [name for name in CONFIGS if name in CAUSAL_ONLY]
+
+
+@pytest.mark.parametrize("name", SECTIONED)
+def test_sections_visit_every_query_block_once_where_there_are_several(binaries, name):
+    """Shapes of several sections, some a K/V head wider than the others, the last section after heads one after
+    another, on the grid the space file computes and (persistent) on smaller ones: every query block visited exactly
+    once per split (the check's exit status)."""
+    space, device, built = binaries
+    exe, config = built[name, True]
+    for batch, sq, hq, hkv in [(24, 2048, 8, 2), (7, 4096, 12, 4), (3, 8192, 10, 10), (40, 512, 6, 3)]:
+        problem = Problem(batch=batch, seqlen_q=sq, heads_q=hq, heads_kv=hkv, head_dim=CONFIGS[name][0], causal=True)
+        grid = space.launch(config, problem, device).grid
+        smaller = [(g * config["cta_mode"], 1, 1) for g in (17, 64)] if config["persistent"] else []
+        for g in [grid, *smaller]:
+            units, _ = _balance(exe, g, batch, sq, hq, hkv)
+            assert units > 0, (name, problem.slug(), g)
 
 
 def test_a_broken_schedule_is_caught(binaries):

@@ -1,4 +1,4 @@
-// Thread-block cluster wrappers, sm_90: rank, cluster-wide barrier, remote mbarrier arrive.
+// Thread-block cluster wrappers, sm_90: rank, cluster-wide barrier, remote mbarrier arrive; the SM count.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,13 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   return rank;
+}
+
+// SM identifiers of the device (%nsmid): at least its SM count; identifiers need not be contiguous, so it may be more.
+__device__ __forceinline__ uint32_t sm_ids() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+  return n;
 }
 
 // Every thread of every CTA of the cluster: barriers initialised before any remote use,
