@@ -46,7 +46,7 @@ def test_the_plan_marks_the_problems_default_once():
     """The [[defaults]] rules' config is timed beside the head dim's default: the variant that is it carries the
     mark (split2 at a few-unit d128 shape), else a row of its own (when --variants leaves split2 out)."""
     space, device = load_space("sm90"), limits_for_arch(90)
-    few = Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=128, causal=True)
+    few = Problem(batch=1, seqlen_q=2048, heads_q=4, head_dim=128)  # causal, the unit_order rule would apply too
     configs, _ = bench.plan_shape(space, device, few, quick=False)
     marked = [c for c in configs if c.get("rules")]
     assert len(marked) == 1 and marked[0]["config"] == space.defaults(problem=few, device=device)
