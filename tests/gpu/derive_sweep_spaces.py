@@ -8,7 +8,7 @@ dim (its ``default_by_head_dim`` entry becomes the knob's default), the split ru
 tail_splits held at 1) and so are the rules that read another head dim. Writes
 ``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a stored space describes the sweeps
 measured with it and is never rewritten. ``--check`` instead says which stored files no longer match sm90.toml:
-the ``*c`` spaces were derived at 5e9dacd and the ``*d`` spaces at 0dd2aa9 (a mismatch means sm90.toml changed
+the ``*c`` spaces were derived at 5e9dacd, the ``*d`` spaces at 0dd2aa9 and the ``*e`` spaces at aa1e843 (a mismatch means sm90.toml changed
 since, and the stored sweeps describe the older space). Not collected by pytest.
 """
 
@@ -60,8 +60,16 @@ _NEXT = {
 for _name, _base in _NEXT.items():
     _dim, _values = SPACES[_base]
     SPACES[_name] = (_dim, _values | ({"block_n": [64, 96, 128, 160, 176, 192]} if _dim == 64 else {}))
+#: the spaces of sweeps 36-39: the ``*d`` value lists with the causal unit order added, the value a rule may choose
+#: at the head dim beside one head after another (sections at d64 and d128, the last section at d256)
+for _name, _dim in {"sm90_sweep_d64e": 64, "sm90_sweep_d128e": 128, "sm90_sweep_d256e": 256}.items():
+    SPACES[_name] = (_dim, SPACES[_name[:-1] + "d"][1] | {"unit_order": [0, 2] if _dim == 256 else [0, 1]})
 #: name's suffix -> (the sweeps it serves, the sm90.toml commit it was derived at)
-_GENERATIONS = {"c": ("sweeps 7-11", "5e9dacd"), "d": ("the planned sweeps", "0dd2aa9")}
+_GENERATIONS = {
+    "c": ("sweeps 7-11", "5e9dacd"),
+    "d": ("the planned sweeps", "0dd2aa9"),
+    "e": ("sweeps 36-39", "aa1e843"),
+}
 
 
 def _header(name: str, head_dim: int, values: dict[str, list[int]]) -> str:
@@ -100,8 +108,9 @@ def derive(name: str) -> str:
         raise SystemExit(f"{SOURCE}: expected 6 split rules to drop, found {n}")
 
     def other_head_dim(m: re.Match) -> str:  # a rule that never fires at this head dim may set values it lacks
-        dims = {int(d) for d in re.findall(r"head_dim == (\d+)", m.group(1))}
-        return "" if dims and head_dim not in dims else m.group(0)
+        tests = re.findall(r"head_dim (==|<=|>=|<|>) (\d+)", m.group(1))
+        holds = {"==": int.__eq__, "<=": int.__le__, ">=": int.__ge__, "<": int.__lt__, ">": int.__gt__}
+        return m.group(0) if all(holds[op](head_dim, int(n)) for op, n in tests) else ""
 
     text = re.sub(r'\[\[defaults\]\]\nwhen = "([^"\n]*)"\nset = [^\n]*\nhelp = [^\n]*\n\n?', other_head_dim, text)
     return _header(name, head_dim, values) + text

@@ -58,6 +58,9 @@ RATE = {
     "sm90_sweep_d64d": 14.0,
     "sm90_sweep_d128d": 12.0,
     "sm90_sweep_d256d": 9.0,
+    "sm90_sweep_d64e": 14.0,
+    "sm90_sweep_d128e": 12.0,
+    "sm90_sweep_d256e": 9.0,
 }
 START_UP_S = 8.0  # per sweep: Python, imports, GPU worker, first compiles
 COLD_CUPY_S = 25.0  # once per new machine: CuPy compiles its kernels (BENCHMARKS.md session 5)
@@ -302,6 +305,36 @@ SWEEPS = (
         "d128-bf16-full-b16-h12-n768",
         "sm90_sweep_d128d",
         _flags("bf16", 128, False, 16, 768, 12),
+        held_out=True,
+        gpu="h100",
+    ),
+    # sweeps 36-39, held out: measured on an H100 (2026-12-06, session 35) before the change to the search they score,
+    # in spaces with the causal unit order (the *e spaces)
+    Sweep(
+        "d256-fp16-causal-gqa24x8-b2-n2048",
+        "sm90_sweep_d256e",
+        _flags("fp16", 256, True, 2, 2048, 24, 8),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d128-bf16-causal-gqa32x4-b2-n3072",
+        "sm90_sweep_d128e",
+        _flags("bf16", 128, True, 2, 3072, 32, 4),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d64-fp16-full-b4-h16-n2560",
+        "sm90_sweep_d64e",
+        _flags("fp16", 64, False, 4, 2560, 16),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-bf16-full-b2-h16-n4096",
+        "sm90_sweep_d256e",
+        _flags("bf16", 256, False, 2, 4096, 16),
         held_out=True,
         gpu="h100",
     ),

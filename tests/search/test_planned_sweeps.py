@@ -19,14 +19,17 @@ H200 = limits_for_arch(90)
 DATA = OUT.parent
 
 
-@pytest.mark.parametrize("sweep", [s for s in SWEEPS + PLANNED if s.space.endswith("d")], ids=lambda s: s.name)
-def test_a_today_derived_sweeps_default_is_the_shipped_default_and_feasible(sweep):
+@pytest.mark.parametrize("sweep", [s for s in SWEEPS + PLANNED if s.space[-1] in "de"], ids=lambda s: s.name)
+def test_a_derived_sweeps_default_is_feasible_and_its_space_reduced(sweep):
+    """A stored sweep keeps the default of the space it was measured with (its replays start there), whatever
+    sm90.toml's rules say since; a planned one starts where a study of the shipped space would."""
     problem = sweep.problem()
     space = load_space(sweep.space_file)
-    shipped = load_space("sm90").defaults(problem=problem, device=H200)
     default = space.defaults(problem=problem, device=H200)
     assert space.check(default, problem, H200) is None
-    assert {k: v for k, v in shipped.items() if k in default} == default
+    if sweep in PLANNED:
+        shipped = load_space("sm90").defaults(problem=problem, device=H200)
+        assert {k: v for k, v in shipped.items() if k in default} == default
     assert 300 <= feasible_count(sweep) <= 1500  # issue 17: reduced spaces of 500-1,500 (d256's admit fewer)
 
 

@@ -9,7 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from tests.conftest import toy_space_text
-from tuner.search import DEFAULT_SEARCH, SEARCHES, SamplerError, check_search, make_sampler, make_search
+from tuner.search import DEFAULT_SEARCH, GRID_LIMIT, SEARCHES, SamplerError, check_search, make_sampler, make_search
 from tuner.space import load_space
 from tuner.study import knob_distributions
 
@@ -100,12 +100,12 @@ def test_grid_refuses_a_huge_space(tmp_path):
     path = tmp_path / "toy.toml"
     text = toy_space_text()
     assert "values = [0, 1]\ndefault = 0" in text
-    path.write_text(text.replace("values = [0, 1]\ndefault = 0", f"values = {list(range(1000))}\ndefault = 0"))
+    path.write_text(text.replace("values = [0, 1]\ndefault = 0", f"values = {list(range(3000))}\ndefault = 0"))
     space = load_space(path)
-    assert space.size() == 27 * 1000 > 20000
-    with pytest.raises(SamplerError, match="grid sampler would enumerate 27000"):
+    assert space.size() == 27 * 3000 > GRID_LIMIT
+    with pytest.raises(SamplerError, match="grid sampler would enumerate 81000"):
         make_sampler("grid", space, 0)
-    with pytest.raises(SamplerError, match="grid sampler would enumerate 27000"):
+    with pytest.raises(SamplerError, match="grid sampler would enumerate 81000"):
         check_search("grid", space)
 
 

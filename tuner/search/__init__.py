@@ -27,6 +27,7 @@ from ._pattern import PatternSearch
 
 __all__ = [
     "DEFAULT_SEARCH",
+    "GRID_LIMIT",
     "SEARCHES",
     "OptunaSearch",
     "PatternSearch",
