@@ -282,7 +282,8 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
     else:
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.insert(1, {"name": "rules", "config": config, "diff": diff, "rules": True})
-    for name, knobs in ({} if quick else RULES_VARIANTS).items():  # one knob away from the problem's default
+    rules_variants = {} if quick else RULES_VARIANTS | (RULES_VARIANTS_D256 if problem.head_dim == 256 else {})
+    for name, knobs in rules_variants.items():  # a few knobs away from the problem's default
         if _ONLY and name not in _ONLY:
             continue
         moved = {**config, **knobs}
@@ -305,6 +306,16 @@ RULES_VARIANTS = {
     "rules_sections": {"unit_order": 1},  # causal units in sections of heads, longest first across a section
     "rules_last": {"unit_order": 2},  # the same for the last heads only, one after another before them
     "rules_heads": {"unit_order": 0},  # causal units one head after another, where a rule chose another order
+}
+# d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
+# problem's default (its unit order and split rules kept), and beside it one knob more
+_D256_TILE = {"persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 1}
+RULES_VARIANTS_D256 = {
+    "rules_tile": _D256_TILE,
+    "rules_tile_static": {**_D256_TILE, "scheduler": 0},
+    "rules_tile_r232": {**_D256_TILE, "consumer_regs": 232},
+    "rules_tile_pp": {**_D256_TILE, "pingpong": 1},
+    "rules_tile_last": {**_D256_TILE, "unit_order": 2},  # where no rule gave the last section
 }
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)

@@ -21,7 +21,8 @@ from .conftest import no_gpu_reason
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(no_gpu_reason() is not None, reason=str(no_gpu_reason()))]
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
-SHAPES = [(2, 257, 257, 4, 2, 128), (1, 100, 300, 2, 2, 64)]
+# the last: d256 with GQA, whose causal default (the [[defaults]] rules) is persistent with one Q stage and 64-key blocks
+SHAPES = [(2, 257, 257, 4, 2, 128), (1, 100, 300, 2, 2, 64), (1, 300, 300, 4, 2, 256)]
 
 
 @pytest.fixture(scope="module")
