@@ -206,6 +206,27 @@ def test_a_move_the_constraints_couple_is_proposed_repaired():
     assert all(space.check(c, problem, H200) is None and len(_changed(c, start)) == 1 for _, c in steps)
 
 
+def test_a_move_refused_by_a_chain_of_constraints_is_repaired_along_it():
+    """The dynamic scheduler needs persistent CTAs, and at d256 persistent CTAs fit shared memory only with one Q
+    stage: the knobs of the first constraint alone cannot repair ``scheduler=1`` from a one-CTA-per-block default,
+    so the coupled step follows the chain (held-out sweep 36 had its best there and never found it without)."""
+    space = load_space("sm90")
+    problem = Problem(batch=2, seqlen_q=4096, heads_q=16, head_dim=256)
+    search = PatternSearch(space, problem, H200, seed=0)
+    start = space.defaults(problem=problem, device=H200)
+    assert (start["persistent"], start["scheduler"], start["q_stages"]) == (0, 0, 2)
+    dynamic = {**start, "scheduler": 1}
+    assert "persistent" in space.check(dynamic, problem, H200)
+    assert "shared memory" in space.check({**dynamic, "persistent": 1}, problem, H200)
+    assert search._repairs(dynamic, {"scheduler"}) == []  # without the chain: the first constraint's knobs only
+    search.observe(start, 500.0)
+    coupled = search.neighbourhood(config_key(start), LEVELS.index("coupled step") + 1)
+    repaired = [c for _, c in coupled if c["scheduler"] == 1]
+    assert repaired and all(space.check(c, problem, H200) is None for c in repaired)
+    assert all(c["persistent"] == 1 and c["q_stages"] == 1 for c in repaired)
+    assert all(_changed(c, start) <= {"scheduler", "persistent", "q_stages", "block_n", "kv_stages"} for c in repaired)
+
+
 def _kept_repairs(space, problem) -> int:
     """Checks one start's coupled-step level; returns how many refused moves it keeps with several partners."""
     search = PatternSearch(space, problem, H200, seed=0)
@@ -219,7 +240,7 @@ def _kept_repairs(space, problem) -> int:
             move = {**start, knob.name: value}
             if not 0 < abs(i - here) <= max(1, (len(knob.values) - 1) // 4) or search.feasible(move):
                 continue
-            repairs = {config_key(c) for c in search._repairs(move, {knob.name})}
+            repairs = {config_key(c) for c in search._repairs(move, {knob.name}, chain=True)}
             kept = {k for k, c in coupled if c[knob.name] == value and k in repairs}
             assert len(kept) == min(REPAIRS_KEPT, len(repairs)), (knob.name, value)
             several += len(kept) > 1

@@ -9,7 +9,9 @@ ping-pong). So the search walks the space from the default instead of sampling i
   value of an unordered one); (2) a one-step change
   that the static check refuses alone, repaired by the fewest further steps of other knobs (a move
   the constraints couple to another: a bigger producer register budget needs a smaller consumer
-  one), once with each of its cheapest repairs (up to :data:`REPAIRS_KEPT`): which partner pays
+  one; where a coupled step has no such repair, the knobs of the constraints a repair step trips in turn
+  join in: the dynamic scheduler needs persistent CTAs, which at d256 need one Q stage), once with each of
+  its cheapest repairs (up to :data:`REPAIRS_KEPT`): which partner pays
   is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong);
   (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each; (5) two knobs,
   at least one of them farther than a step (a tile size and a stage depth that pay only together).
@@ -381,7 +383,8 @@ class PatternSearch(Search):
                 if feasible:
                     out.setdefault(config_key(other), other)
                     continue
-                for repaired in self._repairs(other, {n for n in other if other[n] != centre[n]})[:REPAIRS_KEPT]:
+                changed = {n for n in other if other[n] != centre[n]}
+                for repaired in self._repairs(other, changed, chain=name == "coupled step")[:REPAIRS_KEPT]:
                     out.setdefault(config_key(repaired), repaired)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
@@ -391,28 +394,47 @@ class PatternSearch(Search):
         options = self._repairs(config, keep)
         return options[0] if options else None
 
-    def _repairs(self, config: Config, keep: Set[str]) -> list[Config]:
+    def _repairs(self, config: Config, keep: Set[str], *, chain: bool = False) -> list[Config]:
         """The feasible configs fewest steps away from ``config`` that change only knobs (outside ``keep``)
-        read by the constraints ``config`` violates, the model's favourite first; none within
-        :data:`REPAIR_STEPS` steps and :data:`REPAIR_CHECKS` checks: []."""
-        env = self.space.environment(config, self.problem, self.device)
-        involved = set().union(*(self._reads[c.name] for c in self.space.constraints if not c.expr(env)))
+        read by the constraints ``config`` violates, the model's favourite first. Where there is none and
+        ``chain`` (a coupled step's repairs: few moves, so the second try costs little), the knobs read by the
+        constraints that the one-step repairs violate in turn join in (dynamic scheduling needs persistent CTAs,
+        whose second Q stage then overflows shared memory: one Q stage repairs that). None within
+        :data:`REPAIR_STEPS` steps and :data:`REPAIR_CHECKS` checks per try: []."""
+        involved = self._violated_reads(config)
+        options, chained = self._repairs_among(config, keep, involved, chain)
+        if options or not chain or chained <= involved:
+            return options
+        return self._repairs_among(config, keep, involved | chained, False)[0]
+
+    def _repairs_among(
+        self, config: Config, keep: Set[str], involved: set[str], chain: bool
+    ) -> tuple[list[Config], set[str]]:
+        """(:meth:`_repairs`' options changing only the knobs ``involved``, and with ``chain`` the knobs read by the
+        constraints that the infeasible one-step changes violate)."""
         fixed = {k.name for k in self.space.knobs} - (involved - set(keep))
-        checks = 0
+        checks, chained = 0, set()
         for steps in range(1, REPAIR_STEPS + 1):
             options = []
             for other in ring(self.space, config, steps, keep=fixed):
                 checks += 1
                 if self.feasible(other):
                     options.append(other)
+                elif chain and steps == 1:
+                    chained |= self._violated_reads(other)
                 if checks >= REPAIR_CHECKS:
                     break
             if options:
                 scored = [(self.model.predict(c) + 1e-9 * self.rng.random(), i) for i, c in enumerate(options)]
-                return [options[i] for _, i in sorted(scored, reverse=True)]
+                return [options[i] for _, i in sorted(scored, reverse=True)], chained
             if checks >= REPAIR_CHECKS:
                 break
-        return []
+        return [], chained
+
+    def _violated_reads(self, config: Config) -> set[str]:
+        """The knobs read by the constraints ``config`` violates."""
+        env = self.space.environment(config, self.problem, self.device)
+        return set().union(*(self._reads[c.name] for c in self.space.constraints if not c.expr(env)))
 
     # -- proposing -------------------------------------------------------------------------------------
     def propose(self, taken: Set[str]) -> Config | None:
