@@ -762,3 +762,26 @@ def test_the_default_of_every_problem_is_feasible(family):
             )
             config = space.defaults(problem=problem, device=device)
             assert space.check(config, problem, device) is None, (problem, config)
+
+
+@pytest.mark.parametrize("family", family_params())
+def test_feasible_agrees_with_check_on_random_configs(family):
+    """Space.feasible (first failing constraint, derived values computed when read) says what check says: on
+    random configs of the whole grid, mostly infeasible, at every head dim, masked or not, on every arch."""
+    import random
+
+    space = load_space(family)
+    rng = random.Random(0)
+    for arch in supported_archs(space):
+        device = limits_for_arch(arch)
+        for head_dim, causal in itertools.product(space.family.head_dims, (False, True)):
+            problem = Problem(batch=2, seqlen_q=1000, heads_q=8, head_dim=head_dim, causal=causal, heads_kv=2)
+            configs = [{k.name: rng.choice(k.values) for k in space.knobs} for _ in range(300)]
+            configs.append(space.defaults(problem=problem, device=device))
+            verdicts = [space.feasible(c, problem, device) for c in configs]
+            assert verdicts == [space.check(c, problem, device) is None for c in configs]
+            assert any(verdicts)  # the default at least
+    too_long = Problem(batch=2**20, seqlen_q=2**20, heads_q=2**10, head_dim=space.family.head_dims[0])
+    device = limits_for_arch(supported_archs(space)[0])
+    config = space.defaults(too_long.head_dim)
+    assert space.feasible(config, too_long, device) == (space.check(config, too_long, device) is None)

@@ -47,7 +47,7 @@ class Search(ABC):
         """Whether ``config`` passes the static check (each config is checked once)."""
         key = tuple(config[n] for n in self._names)
         if key not in self._feasible:
-            self._feasible[key] = self.space.check(config, self.problem, self.device) is None
+            self._feasible[key] = self.space.feasible(config, self.problem, self.device)
         return self._feasible[key]
 
     def observe(self, config: Config, value: float | None) -> None:

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,6 +338,20 @@ class Space:
                 names |= self._sources.get(name, {name})
         return frozenset(names)
 
+    def feasible(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> bool:
+        """Whether :meth:`check` passes ``config``, without its reasons: it stops at the first constraint that
+        fails and computes only the derived values the constraints before it read (a search asks this of
+        thousands of configs)."""
+        if self.supports(problem) or self.runs_on(device.arch):
+            return False
+        try:
+            env = _LazyEnvironment({**device.env(), **problem.env(), **self.validate(config)}, self.derived)
+            if not all(c.expr(env) for c in self.constraints):
+                return False
+            return not _launch_violations(self.launch(config, problem, device))  # every derived value, as check
+        except ExprError:
+            return False
+
     def check(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> str | None:
         """The first reason ``config`` is infeasible, or None."""
         reasons = self.violations(config, problem, device)
@@ -389,6 +403,20 @@ class Space:
             h.update(str(path.relative_to(root)).encode() + b"\0")
             h.update(_read_source(path))
         return h.hexdigest()[:16]
+
+
+class _LazyEnvironment(dict):
+    """Knobs, problem and device, and each derived value computed when first read (:meth:`Space.feasible`)."""
+
+    def __init__(self, given: dict[str, int], derived: Sequence[Derived]) -> None:
+        super().__init__(given)
+        self._derived = {d.name: d for d in derived}
+
+    def __missing__(self, name: str) -> int:
+        if name not in self._derived:
+            raise KeyError(name)
+        self[name] = value = int(self._derived[name].expr(self))
+        return value
 
 
 def _launch_violations(geometry: LaunchGeometry) -> list[str]:
