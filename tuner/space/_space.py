@@ -276,10 +276,14 @@ class Space:
 
     def environment(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
         """Knobs, problem, device and every derived value, as one name -> int mapping."""
-        env: dict[str, int] = {**device.env(), **problem.env(), **self.validate(config)}
+        env = self._given(config, problem, device)
         for d in self.derived:
             env[d.name] = int(d.expr(env))
         return env
+
+    def _given(self, config: Mapping[str, int], problem: Problem, device: DeviceLimits) -> dict[str, int]:
+        """Device, problem and knobs, as one name -> int mapping (no derived values)."""
+        return {**device.env(), **problem.env(), **self.validate(config)}
 
     def runs_on(self, arch: int) -> str | None:
         """Why this family cannot run on a device of compute capability ``arch`` (x10), or None.
@@ -345,7 +349,7 @@ class Space:
         if self.supports(problem) or self.runs_on(device.arch):
             return False
         try:
-            env = _LazyEnvironment({**device.env(), **problem.env(), **self.validate(config)}, self.derived)
+            env = _LazyEnvironment(self._given(config, problem, device), self.derived)
             if not all(c.expr(env) for c in self.constraints):
                 return False
             return not _launch_violations(self.launch(config, problem, device))  # every derived value, as check
