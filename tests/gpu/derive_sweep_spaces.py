@@ -8,7 +8,7 @@ dim (its ``default_by_head_dim`` entry becomes the knob's default), the split ru
 tail_splits held at 1) and so are the rules that read another head dim. Writes
 ``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a stored space describes the sweeps
 measured with it and is never rewritten. ``--check`` instead says which stored files no longer match sm90.toml:
-the ``*c`` spaces were derived at 5e9dacd, the ``*d`` spaces at 0dd2aa9 and the ``*e`` spaces at aa1e843 (a
+the ``*c`` spaces were derived at 5e9dacd, the ``*d`` spaces at 0dd2aa9 and the ``*e`` spaces at aa1e843, ``sm90_sweep_d256f`` at 57196ad (a
 mismatch means sm90.toml changed since, and the stored sweeps describe the older space). Not collected by pytest.
 """
 
@@ -64,11 +64,15 @@ for _name, _base in _NEXT.items():
 #: at the head dim beside one head after another (sections at d64 and d128, the last section at d256)
 for _name, _dim in {"sm90_sweep_d64e": 64, "sm90_sweep_d128e": 128, "sm90_sweep_d256e": 256}.items():
     SPACES[_name] = (_dim, SPACES[_name[:-1] + "d"][1] | {"unit_order": [0, 2] if _dim == 256 else [0, 1]})
+#: the d256 space of sweeps 40-43: the ``*e`` value lists over sm90.toml with the d256 causal tile rule (session 35);
+#: at d64 and d128 sm90.toml still gives the ``*e`` spaces (the rule is dropped there), so those sweeps use them
+SPACES["sm90_sweep_d256f"] = SPACES["sm90_sweep_d256e"]
 #: name's suffix -> (the sweeps it serves, the sm90.toml commit it was derived at)
 _GENERATIONS = {
     "c": ("sweeps 7-11", "5e9dacd"),
     "d": ("the planned sweeps", "0dd2aa9"),
     "e": ("sweeps 36-39", "aa1e843"),
+    "f": ("sweeps 40-43", "57196ad"),
 }
 
 
