@@ -316,6 +316,8 @@ RULES_VARIANTS_D256 = {
     "rules_tile_r232": {**_D256_TILE, "consumer_regs": 232},
     "rules_tile_pp": {**_D256_TILE, "pingpong": 1},
     "rules_tile_last": {**_D256_TILE, "unit_order": 2},  # where no rule gave the last section
+    # the head dim's own default where a d256 tile rule gives the tile: one CTA per block, two Q stages, 80-key blocks
+    "rules_untiled": {"persistent": 0, "q_stages": 2, "block_n": 80, "scheduler": 0, "pingpong": 0},
 }
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)

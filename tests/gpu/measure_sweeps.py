@@ -336,24 +336,41 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
-)
-#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
-#: database is stored and the sweep moved into SWEEPS
-PLANNED: tuple[Sweep, ...] = (
-    # sweeps 40-43, held out: planned in session 36 before any change to the search they score, at shapes no sweep
-    # has, in the classes where 17 in flight is slowest (d256, d128 causal GQA) and a d256 short non-causal one
-    Sweep("d256-fp16-full-b8-h16-n1024", "sm90_sweep_d256f", _flags("fp16", 256, False, 8, 1024, 16), held_out=True),
-    Sweep("d256-bf16-causal-b1-h32-n6144", "sm90_sweep_d256f", _flags("bf16", 256, True, 1, 6144, 32), held_out=True),
+    # sweeps 40-43, held out: measured on an H100 (2026-12-06, session 36) before any change to the search they score,
+    # at shapes no sweep has, in the classes where 17 in flight is slowest (d256, d128 causal GQA), and a d256 short
+    # non-causal one
+    Sweep(
+        "d256-fp16-full-b8-h16-n1024",
+        "sm90_sweep_d256f",
+        _flags("fp16", 256, False, 8, 1024, 16),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-bf16-causal-b1-h32-n6144",
+        "sm90_sweep_d256f",
+        _flags("bf16", 256, True, 1, 6144, 32),
+        held_out=True,
+        gpu="h100",
+    ),
     Sweep(
         "d128-fp16-causal-gqa48x8-b2-n2048",
         "sm90_sweep_d128e",
         _flags("fp16", 128, True, 2, 2048, 48, 8),
         held_out=True,
+        gpu="h100",
     ),
     Sweep(
-        "d64-bf16-causal-gqa32x4-b2-n3072", "sm90_sweep_d64e", _flags("bf16", 64, True, 2, 3072, 32, 4), held_out=True
+        "d64-bf16-causal-gqa32x4-b2-n3072",
+        "sm90_sweep_d64e",
+        _flags("bf16", 64, True, 2, 3072, 32, 4),
+        held_out=True,
+        gpu="h100",
     ),
 )
+#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
+#: database is stored and the sweep moved into SWEEPS
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
