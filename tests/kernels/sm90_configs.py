@@ -186,6 +186,8 @@ SM90_D256_REPRESENTATIVE = {
     "d256_persistent_one_q_stage_split2": {"persistent": 1, "q_stages": 1, "kv_splits": 2},
     "d256_persistent_one_q_stage_tail4": {"persistent": 1, "q_stages": 1, "tail_splits": 4},
     "d256_one_wg_dynamic": {**ONE_WG, "block_n": 64, "persistent": 1, "scheduler": 1},
+    # the non-causal few-keys default: the persistent one-Q-stage tile, dynamic, with ping-pong
+    "d256_tile_dynamic_pingpong": {"block_n": 64, "pingpong": 1, "persistent": 1, "q_stages": 1, "scheduler": 1},
     "d256_p_smem_block_n_64": {"block_n": 64, "p_smem": 1},  # 80 keys' P tiles do not fit beside the rings
 }
 # sm90 for causal problems only (unit_order > 0 orders causal units by length): sections with the dynamic order, one
