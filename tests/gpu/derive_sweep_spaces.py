@@ -8,8 +8,9 @@ dim (its ``default_by_head_dim`` entry becomes the knob's default), the split ru
 tail_splits held at 1) and so are the rules that read another head dim. Writes
 ``tests/data/sweep_spaces/<name>.toml`` for each space whose file is absent: a stored space describes the sweeps
 measured with it and is never rewritten. ``--check`` instead says which stored files no longer match sm90.toml:
-the ``*c`` spaces were derived at 5e9dacd, the ``*d`` spaces at 0dd2aa9 and the ``*e`` spaces at aa1e843, ``sm90_sweep_d256f`` at 57196ad (a
-mismatch means sm90.toml changed since, and the stored sweeps describe the older space). Not collected by pytest.
+the ``*c`` spaces were derived at 5e9dacd, the ``*d`` spaces at 0dd2aa9, the ``*e`` spaces at aa1e843 and
+``sm90_sweep_d256f`` at 57196ad (a mismatch means sm90.toml changed since, and the stored sweeps describe the older
+space). Not collected by pytest.
 """
 
 from __future__ import annotations
