@@ -283,10 +283,10 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.insert(1, {"name": "rules", "config": config, "diff": diff, "rules": True})
     rules_variants = {} if quick else RULES_VARIANTS | (RULES_VARIANTS_D256 if problem.head_dim == 256 else {})
-    for name, knobs in rules_variants.items():  # a few knobs away from the problem's default
+    for name, knobs in rules_variants.items():  # a few knobs away from the problem's default (None: the head dim's)
         if _ONLY and name not in _ONLY:
             continue
-        moved = {**config, **knobs}
+        moved = {**config, **{k: defaults[k] if v is None else v for k, v in knobs.items()}}
         reason = space.check(moved, problem, device)
         if reason is not None:
             skipped.append({"name": name, "status": "infeasible", "detail": reason})
@@ -316,8 +316,8 @@ RULES_VARIANTS_D256 = {
     "rules_tile_r232": {**_D256_TILE, "consumer_regs": 232},
     "rules_tile_pp": {**_D256_TILE, "pingpong": 1},
     "rules_tile_last": {**_D256_TILE, "unit_order": 2},  # where no rule gave the last section
-    # the head dim's own default where a d256 tile rule gives the tile: one CTA per block, two Q stages, 80-key blocks
-    "rules_untiled": {"persistent": 0, "q_stages": 2, "block_n": 80, "scheduler": 0, "pingpong": 0},
+    # the head dim's own values of the tile's knobs (None: the head dim's default), where a d256 tile rule set them
+    "rules_untiled": dict.fromkeys((*_D256_TILE, "pingpong")),
 }
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)

@@ -160,3 +160,35 @@ def test_the_split_kv_shapes_get_what_was_fastest():
     }.items():
         problem = Problem(batch=b, seqlen_q=n, heads_q=h, heads_kv=kv, head_dim=d, causal=causal)
         assert SPACE.defaults(problem=problem, device=H200)["kv_splits"] == splits, problem.slug()
+
+
+_TILE = {"persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 1}
+D256_PROBLEMS = [
+    Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=256, dtype="bf16", causal=c)
+    for b, h, n, c in itertools.product(
+        (1, 2, 8, 32), (4, 16, 32), (300, 1024, 2047, 2048, 4096, 8192, 8193, 12288), (False, True)
+    )
+]
+
+
+def test_d256_takes_the_persistent_tile_where_measured_to_win():
+    """d256 problems whose keys are not split: causal ones of <= 8192 keys and < 16 waves of 128-row units (the last
+    section) run the persistent one-Q-stage tile (64-key blocks, the dynamic scheduler); non-causal ones of < 2048
+    keys run it with ping-pong; every other d256 problem keeps the head dim's own values of those knobs."""
+    own = SPACE.defaults(256)
+    outcomes = set()
+    for problem in D256_PROBLEMS:
+        config = SPACE.defaults(problem=problem, device=H200)
+        assert SPACE.check(config, problem, H200) is None, problem.slug()
+        split = config["kv_splits"] > 1
+        if problem.causal:
+            tile = not split and problem.seqlen_k <= 8192 and _units(problem, 128) < 16 * H200.num_sms
+        else:
+            tile = not split and problem.seqlen_k < 2048
+        expected = {k: own[k] for k in (*_TILE, "pingpong")}
+        if tile:
+            expected |= _TILE | ({} if problem.causal else {"pingpong": 1})
+        assert {k: config[k] for k in expected} == expected, problem.slug()
+        outcomes.add((problem.causal, tile, split))
+    assert {(c, t) for c, t, _ in outcomes} == {(False, False), (False, True), (True, False), (True, True)}
+    assert any(split for _, _, split in outcomes)
