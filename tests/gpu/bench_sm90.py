@@ -293,6 +293,13 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
         elif config_key(moved) not in seen and moved != config:
             seen.add(config_key(moved))
             chosen.append({"name": name, "config": moved, "diff": {k: v for k, v in moved.items() if defaults[k] != v}})
+    if not quick and (not _ONLY or SERVED in _ONLY):
+        served = _served(space, problem, device)
+        if config_key(served) not in seen:  # the shipped table's tuned winner, where it is not the default
+            seen.add(config_key(served))
+            chosen.append(
+                {"name": SERVED, "config": served, "diff": {k: v for k, v in served.items() if defaults[k] != v}}
+            )
     if _BASELINE:  # the problem's default again, built from the kernel sources under --baseline
         diff = {k: v for k, v in config.items() if defaults[k] != v}
         chosen.append({"name": "baseline", "config": config, "diff": diff, "root": _BASELINE[0]})
@@ -319,6 +326,17 @@ RULES_VARIANTS_D256 = {
     # the head dim's own values of the tile's knobs (None: the head dim's default), where a d256 tile rule set them
     "rules_untiled": dict.fromkeys((*_D256_TILE, "pingpong")),
 }
+SERVED = "served_h200"  # the config the H200 table flashtune ships serves the problem (config="auto", no tuned=)
+
+
+def _served(space: Space, problem: Problem, device: DeviceLimits) -> dict:
+    """The config ``tuner.attention(config="auto")`` runs ``problem`` with on an H200 (the shipped table's entry for
+    its bucket, made to serve its batch and heads), checked against this ``device``'s limits."""
+    from tuner.serve import shipped_tuned
+
+    return shipped_tuned("NVIDIA H200").lookup(space, problem, device.arch, device)[0]
+
+
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 _BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well
