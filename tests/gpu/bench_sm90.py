@@ -295,7 +295,7 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
             chosen.append({"name": name, "config": moved, "diff": {k: v for k, v in moved.items() if defaults[k] != v}})
     if not quick and (not _ONLY or SERVED in _ONLY):
         served = _served(space, problem, device)
-        if config_key(served) not in seen:  # the shipped table's tuned winner, where it is not the default
+        if config_key(served) not in seen and served != config:  # the shipped table's winner, not the default
             seen.add(config_key(served))
             chosen.append(
                 {"name": SERVED, "config": served, "diff": {k: v for k, v in served.items() if defaults[k] != v}}
