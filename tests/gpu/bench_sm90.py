@@ -313,6 +313,10 @@ RULES_VARIANTS = {
     "rules_sections": {"unit_order": 1},  # causal units in sections of heads, longest first across a section
     "rules_last": {"unit_order": 2},  # the same for the last heads only, one after another before them
     "rules_heads": {"unit_order": 0},  # causal units one head after another, where a rule chose another order
+    # three K/V stages with ping-pong (the best of sweep 45, d128 bf16 non-causal B1 H32 N16384 on an H100, 1.10x the
+    # default there), on persistent CTAs with one Q stage (two do not fit beside three stages) and one CTA per block
+    "rules_kv3_pp_q1": {"kv_stages": 3, "pingpong": 1, "q_stages": 1},
+    "rules_kv3_pp_one": {"kv_stages": 3, "pingpong": 1, "persistent": 0, "scheduler": 0},
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more
