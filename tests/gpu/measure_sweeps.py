@@ -367,19 +367,41 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
+    # sweeps 44-47, held out: measured on an H100 (2026-12-06, session 37) before any change to the search they score,
+    # at classes no sweep has (d64 non-causal GQA, d128 non-causal at 16K keys, d256 batch-heavy at 512, d128 causal
+    # at an odd length)
+    Sweep(
+        "d64-fp16-full-gqa32x8-b4-n4000",
+        "sm90_sweep_d64e",
+        _flags("fp16", 64, False, 4, 4000, 32, 8),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d128-bf16-full-b1-h32-n16384",
+        "sm90_sweep_d128e",
+        _flags("bf16", 128, False, 1, 16384, 32),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-fp16-full-b32-h8-n512",
+        "sm90_sweep_d256f",
+        _flags("fp16", 256, False, 32, 512, 8),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d128-fp16-causal-b16-h16-n1000",
+        "sm90_sweep_d128e",
+        _flags("fp16", 128, True, 16, 1000, 16),
+        held_out=True,
+        gpu="h100",
+    ),
 )
 #: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
 #: database is stored and the sweep moved into SWEEPS
-PLANNED: tuple[Sweep, ...] = (
-    # sweeps 44-47, held out: planned before any change to the search they will score, at classes no sweep has (d64
-    # non-causal GQA, d128 non-causal at 16K keys, d256 batch-heavy at 512, d128 causal at an odd length)
-    Sweep(
-        "d64-fp16-full-gqa32x8-b4-n4000", "sm90_sweep_d64e", _flags("fp16", 64, False, 4, 4000, 32, 8), held_out=True
-    ),
-    Sweep("d128-bf16-full-b1-h32-n16384", "sm90_sweep_d128e", _flags("bf16", 128, False, 1, 16384, 32), held_out=True),
-    Sweep("d256-fp16-full-b32-h8-n512", "sm90_sweep_d256f", _flags("fp16", 256, False, 32, 512, 8), held_out=True),
-    Sweep("d128-fp16-causal-b16-h16-n1000", "sm90_sweep_d128e", _flags("fp16", 128, True, 16, 1000, 16), held_out=True),
-)
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
