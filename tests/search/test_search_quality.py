@@ -95,7 +95,11 @@ def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(store
 #: measures them and says which are held out)
 SWEEPS = {s.name: s for s in MEASURED_SWEEPS}
 #: held-out sweeps whose window-1 target the search misses, with the figure of their one scoring
-MISSED: dict[str, str] = {}
+MISSED: dict[str, str] = {
+    "d128-bf16-full-b1-h32-n16384": "held out (sweep 45, H100), scored once with the search of af26e42: 10 of 20 "
+    "seeds never within 1% in 50, best after 25 0.984. Its best is three K/V stages with ping-pong, each a loss "
+    "alone (0.85-0.90 and 0.90 of the best), together 0.998-1.000: a pair one step past one Q stage (0.951)",
+}
 #: sweeps whose window-17 target (median <= 30) the search misses, with the figure of their one scoring
 MISSED_WINDOW_17 = {
     "d128-bf16-causal-gqa32x8-b4-n2048": "held out, scored with 5e9dacd's search and BAND's alike: median 35.5, p90 "
@@ -103,6 +107,10 @@ MISSED_WINDOW_17 = {
     "d256-bf16-full-b2-h16-n4096": "held out (sweep 39, H100), scored with the search of 5a4fb51: 10 of 20 seeds never "
     "within 50; with the chained repairs: median 42, p90 43 (window 1: 18.5/19). Its best is four knobs from the "
     "default (persistent, one Q stage, 64-key blocks, 2-CTA clusters) with a register budget",
+    "d128-bf16-full-b1-h32-n16384": "held out (sweep 45, H100), scored once with the search of af26e42: all 20 "
+    "seeds never within 50 (window 1 misses too: MISSED)",
+    "d256-fp16-full-b32-h8-n512": "held out (sweep 46, H100), scored once with the search of af26e42: median 41 "
+    "(window 1: 16/17), the d256 latency of sweeps 9, 24, 39 and 40: each dependent step waits a window",
 }
 
 
@@ -141,7 +149,8 @@ def test_every_new_sweep_within_1_percent_in_a_median_of_20_and_p90_of_30_held_o
     1/1, 4/7, 15/15; sweeps 30-35 (H100, scored once, the same search): 17/17, 17/17, 1/1, 4.5/17, 1/1, 4.5/7.
     With chained repairs (session 35; tests/data/README.md): d256 sweeps 9 15/15, 19 13/13, 24 15/16, 30 20/20, 31
     14/14, the rest unchanged; sweeps 36-39 (H100, scored before it at never (all 20 seeds), 4.5/6, 1/1, 19/19):
-    15/15, 4.5/6, 1/1, 18.5/19."""
+    15/15, 4.5/6, 1/1, 18.5/19; sweeps 40-43 (H100, scored once): 9/23, 1/1, 4.5/6, 16/19; sweeps 44-47 (H100,
+    scored once, the same search): 4/6, never (10 of 20 seeds; MISSED), 16/17, 4.5/7."""
     oracle = _oracle(name)
     runs = replay(oracle, [DEFAULT_SEARCH], SEEDS, 50)
     _check(runs, median=20, p90=30, within=50)
@@ -150,7 +159,7 @@ def test_every_new_sweep_within_1_percent_in_a_median_of_20_and_p90_of_30_held_o
 
 @pytest.mark.parametrize("name", _sweep_params(sorted(STORED) + sorted(SWEEPS), MISSED_WINDOW_17))
 def test_every_sweep_with_17_in_flight_within_1_percent_in_a_median_of_30(name):
-    """Compile-ahead window 17, 20 seeds: median <= 30 on all forty-one sweeps. Measured: fp16 23, bf16 21, d64
+    """Compile-ahead window 17, 20 seeds: median <= 30 on every sweep. Measured: fp16 23, bf16 21, d64
     causal 4, d64 bf16 11, d128 N 512 7; held out: d256 1, GQA 4, d64 fp16 N1536 28.5 (p90 31); sweeps 7-11: d128
     GQA 32:8 35.5 (not met: MISSED_WINDOW_17), d64 causal B32 N512 24 (37 without the pattern move, which combines
     its three steps that each pay), d256 causal 21, d64 N8192 1, d128 N8192 1; sweeps 12-14: 1, 3 and 1; sweeps
@@ -158,7 +167,8 @@ def test_every_sweep_with_17_in_flight_within_1_percent_in_a_median_of_30(name):
     sweeps 25-29 (scored once, with BEHIND_LEVELS): 1, 1, 1, 4, and d256 GQA 16:4 N2048 35.5 (not met); sweeps
     30-35 (scored once, the same search): 21, 21, 1, 5, 1, 5. With chained repairs (session 35): fp16 22, bf16 20,
     sweep 24 25.5, 9 26, 19 26 and 29 28.5 (both met now), 30 and 31 26, the rest unchanged; sweeps 36-39 (scored before it
-    at never, 6, 1, and 10 of 20 never): 26.5, 6, 1, and 42 (not met).
+    at never, 6, 1, and 10 of 20 never): 26.5, 6, 1, and 42 (not met); sweeps 40-43 (scored once): 26, 1, 6, 27;
+    sweeps 44-47 (scored once, the same search): 5, never (all 20; not met), 41 (not met), 6.
 
     Tried on the design sweeps and the synthetic families, not kept: own proposals in flight that the interaction
     surrogate predicts above the best measured config made provisional centres (a "kriging believer", so that a
