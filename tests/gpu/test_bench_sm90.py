@@ -116,6 +116,36 @@ def test_a_baseline_tree_times_the_problems_default_built_from_it(tmp_path, caps
     assert stop.value.code == 2 and "no sm90/flash_fwd.cu there" in capsys.readouterr().err
 
 
+def test_the_served_variant_times_the_shipped_tables_winner_where_it_is_not_the_default(monkeypatch):
+    """served_h200: the config the H200 table serves the problem, timed beside its default; absent where the
+    table serves the default (every bucket of today's table, whose entries are all kept defaults)."""
+    import dataclasses
+
+    import tuner.serve
+
+    space, device = load_space("sm90"), limits_for_arch(90)
+    problem = Problem(batch=4, seqlen_q=2048, heads_q=16, head_dim=128, causal=True)
+    default = space.defaults(problem=problem, device=device)
+    bench._ONLY.update({bench.SERVED})
+    try:
+        configs, _ = bench.plan_shape(space, device, problem, quick=False)
+        assert bench.SERVED not in {c["name"] for c in configs}
+        winner = {**default, "pingpong": 1 - default["pingpong"]}
+        assert space.check(winner, problem, device) is None
+        shipped = tuner.serve.shipped_tuned("NVIDIA H200")
+        table = dataclasses.replace(
+            shipped.tables["sm90"], entries=(("fp16", 128, True, 4096, winner),), kept_defaults=frozenset()
+        )
+        monkeypatch.setattr(
+            tuner.serve, "shipped_tuned", lambda gpu: dataclasses.replace(shipped, tables={"sm90": table})
+        )
+        configs, _ = bench.plan_shape(space, device, problem, quick=False)
+    finally:
+        bench._ONLY.clear()
+    served = [c for c in configs if c["name"] == bench.SERVED]
+    assert len(served) == 1 and served[0]["config"] == winner and served[0]["diff"]["pingpong"] == winner["pingpong"]
+
+
 def test_quick_plan_is_small():
     space, device = load_space("sm90"), limits_for_arch(90)
     for shape in bench.QUICK_SHAPES:
