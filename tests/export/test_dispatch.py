@@ -256,3 +256,71 @@ def test_the_json_says_which_entries_are_their_studys_kept_default(families):
     wrong = {**data, "entries": [{**data["entries"][0], "kept_default": 1}, *data["entries"][1:]]}
     with pytest.raises(TableError, match="kept_default must be true or false"):
         table_from_json(wrong, "wrong.json")
+
+
+def test_the_json_records_what_each_winner_was_timed_against_and_finds_those_whose_default_moved(families):
+    """Each study record names its problem and the default its study measured. While today's space gives that
+    problem the same default, nothing has moved; a record whose timed default differs from today's (a rule
+    changed since) is named with the knobs that moved, unless its entry is a kept default (a call of the bucket
+    gets its own default then) or the record predates timed_default."""
+    import json
+
+    from tuner.devices import limits_for_arch
+    from tuner.export import moved_defaults, render_dispatch_json
+
+    device = limits_for_arch(80)
+    document = json.loads(render_dispatch_json(families, storage_url="sqlite:///x.db", now=NOW))
+    records = document["studies"]
+    assert records and all(r["problem"] and r["timed_default"] for r in records)
+    chosen = {e.chosen.study_name: e.chosen for f in families for e in f.entries}
+    for record in records:
+        c = chosen[record["study"]]
+        assert Problem.from_dict(record["problem"]) == c.problem and record["timed_default"] == c.timed_default
+        assert not c.default_moved
+    assert moved_defaults(document, device) == []
+
+    first = records[0]
+    space = load_space(first["family"])
+    knob = next(k for k in space.knobs if len(k.values) > 1)
+    other = next(v for v in knob.values if v != first["timed_default"][knob.name])
+    moved = {**first, "timed_default": {**first["timed_default"], knob.name: other}}
+    today = first["timed_default"][knob.name]
+    for family in document["families"]:
+        for entry in family["entries"]:
+            entry["kept_default"] = False
+    found = moved_defaults({**document, "studies": [moved, *records[1:]]}, device)
+    assert found == [
+        f"{first['study']}: its winner was timed against a default that has moved ({knob.name} {other} -> {today})"
+    ]
+    older = {k: v for k, v in moved.items() if k != "timed_default"}
+    assert moved_defaults({**document, "studies": [older, *records[1:]]}, device) == []
+    for family in document["families"]:
+        for entry in family["entries"]:
+            entry["kept_default"] = True
+    assert moved_defaults({**document, "studies": [moved, *records[1:]]}, device) == []
+
+
+def test_export_warns_of_a_winner_timed_against_a_default_that_has_moved(studies, storage_url, tmp_path, capsys):
+    """The space's default at a study's problem changes after the study ran (here by a patched rule): the
+    export still writes the table, and warns of each winner so timed, with the command that times it again."""
+    from tuner.space import Space
+
+    plain = Space.defaults
+
+    def moved(self, *args, **kwargs):
+        config = plain(self, *args, **kwargs)
+        knob = next(k for k in self.knobs if len(k.values) > 1)
+        return {**config, knob.name: next(v for v in knob.values if v != config[knob.name])}
+
+    pattern = f"disp-{FAMILY}-*"
+    assert (
+        main(["export", "--dispatch", "--study", pattern, "--storage", storage_url, "-o", str(tmp_path / "a.h")]) == 0
+    )
+    assert "has moved" not in capsys.readouterr().err and "timed against a default" not in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Space, "defaults", moved)
+        out = tmp_path / "moved.h"
+        assert main(["export", "--dispatch", "--study", pattern, "--storage", storage_url, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.exists() and err.count("was timed against a default that today's space no longer gives") == 8
+    assert f"`flashtune bench --study disp-{FAMILY}-" in err

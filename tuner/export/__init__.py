@@ -4,7 +4,8 @@
   that the kernel builds with (``flashtune export``); :func:`read_header` reads one back.
 - :func:`collect_dispatch` / :func:`render_dispatch`: one C++17 header whose ``select()`` picks a
   config per shape across studies (``flashtune export --dispatch``), and its tables as JSON
-  (:func:`render_dispatch_json`, :class:`DispatchTable`), which ``tuner.attention(config="auto")`` reads.
+  (:func:`render_dispatch_json`, :class:`DispatchTable`), which ``tuner.attention(config="auto")`` reads;
+  :func:`moved_defaults` finds its winners timed against a default that today's space no longer gives.
 
 Reading a header or a dispatch table needs no Optuna: the study database is opened only by
 the functions that read studies.
@@ -16,6 +17,7 @@ from ._dispatch import (
     DispatchSelection,
     build_dispatch,
     collect_dispatch,
+    moved_defaults,
     render_dispatch,
     render_dispatch_json,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "decode_header",
     "export_study",
     "header_family",
+    "moved_defaults",
     "parse_header",
     "read_header",
     "render_dispatch",

@@ -29,15 +29,16 @@ header's ``select()`` in Python.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ..devices import DeviceLimits
 from ..errors import FlashtuneError
-from ..problem import DTYPES
-from ..space import Space
+from ..problem import DTYPES, Problem
+from ..space import Space, load_space
 from ..text import printable
 from ._header import comment_text
 from ._table import JSON_FORMAT, DispatchTable
@@ -53,6 +54,7 @@ __all__ = [
     "build_dispatch",
     "collect_dispatch",
     "export_dispatch",
+    "moved_defaults",
     "render_dispatch",
     "render_dispatch_json",
 ]
@@ -316,6 +318,9 @@ def render_dispatch_json(
             "study": e.chosen.study_name,
             "tflops": e.chosen.tflops,
             "speedup_over_default": e.chosen.speedup_over_default,
+            # what the winner was timed against, at which problem: :func:`moved_defaults` re-derives it
+            "problem": e.chosen.problem.to_dict(),
+            "timed_default": dict(e.chosen.timed_default) if e.chosen.timed_default is not None else None,
         }
         for f in families
         for e in f.entries
@@ -417,6 +422,15 @@ def collect_dispatch(
     if not chosen:
         raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {left_out[0]}")
     not_covered += left_out
+    for c in chosen:
+        if c.default_moved and not c.is_default:
+            print(
+                f"flashtune export: warning: study {printable(c.study_name, 120)} was timed against a default that "
+                "today's space no longer gives its problem (a default or rule changed since), so its winner's lead "
+                f"over today's default is unmeasured: `flashtune bench --study {printable(c.study_name, 120)}` "
+                "times both, or tune the shape again",
+                file=log or sys.stderr,
+            )
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"
@@ -436,3 +450,30 @@ def export_dispatch(
     """``flashtune export --dispatch``: the header over the studies a glob ``pattern`` and/or a suite select
     (:func:`collect_dispatch`)."""
     return collect_dispatch(storage_url, pattern=pattern, suite_path=suite_path, log=log).header(now)
+
+
+def moved_defaults(document: Mapping[str, Any], device: DeviceLimits) -> list[str]:
+    """The winners of a dispatch JSON (``document``, parsed) whose study was timed against another default than
+    today's space gives the study's problem on ``device``: each a line naming the study and the knobs that moved.
+
+    A kept default is left out (a call of its bucket gets its own default with today's rules). So is a record
+    from before the JSON said what its study was timed against (no ``timed_default``).
+    """
+    kept = {
+        (f["family"], e["dtype"], e["head_dim"], e["causal"], e["seqlen"])
+        for f in document.get("families", ())
+        for e in f.get("entries", ())
+        if e.get("kept_default")
+    }
+    moved = []
+    for record in document.get("studies", ()):
+        key = (record["family"], record["dtype"], record["head_dim"], record["causal"], record["seqlen"])
+        timed = record.get("timed_default")
+        if key in kept or timed is None or record.get("problem") is None:
+            continue
+        today = load_space(record["family"]).defaults(problem=Problem.from_dict(record["problem"]), device=device)
+        changed = sorted(k for k in today if timed.get(k) != today[k])
+        if changed:
+            knobs = ", ".join(f"{k} {timed.get(k)} -> {today[k]}" for k in changed)
+            moved.append(f"{record['study']}: its winner was timed against a default that has moved ({knobs})")
+    return moved

@@ -477,10 +477,20 @@ class ChosenConfig:
     beats_default: bool | None = None
     margin: float | None = None  # the lead over the default a win needed (relative)
     verdict: str | None = None  # :func:`winner_verdict`
+    # the config of the study's default trial: what the winner was timed against (None: no default trial)
+    timed_default: Config | None = None
 
     @property
     def family(self) -> str:
         return self.space.name
+
+    @property
+    def default_moved(self) -> bool:
+        """Today's space gives the study's problem another default than the one the study measured (a default
+        or a ``[[defaults]]`` rule changed since): a winner's lead over today's default is then unmeasured."""
+        if self.timed_default is None:
+            return False
+        return dict(self.timed_default) != dict(self.space.defaults(problem=self.problem, device=self.device))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (no NaN or infinity)."""
@@ -497,6 +507,8 @@ class ChosenConfig:
             "margin": self.margin,
             "verdict": self.verdict,
             "config": dict(self.config),
+            "timed_default": dict(self.timed_default) if self.timed_default is not None else None,
+            "default_moved": self.default_moved,
             "problem": self.problem.to_dict(),
             "gpu": self.gpu_name,
             "date": self.measured_on,
@@ -583,8 +595,20 @@ def choose(study: optuna.Study) -> ChosenConfig:
         made_by=meta.version,
         latency_ms=_finite(best.get("latency_ms")),
         is_default=config == space.defaults(problem=meta.problem, device=device),
+        timed_default=_timed_default(study, space),
         **_verdict_fields(best),
     )
+
+
+def _timed_default(study: optuna.Study, space: Space) -> Config | None:
+    """The config of the study's default trial, if it has one the space still accepts."""
+    trial = default_trial(study)
+    if trial is None:
+        return None
+    try:
+        return space.validate(dict(trial.params))
+    except ConfigError:
+        return None
 
 
 def _verdict_fields(best: Mapping[str, Any]) -> dict[str, Any]:
