@@ -545,6 +545,18 @@ def test_the_trace_tool_follows_one_landscape_to_its_planted_best():
     assert trace("island", 0, 60) == lines  # seeded: the same lines again
 
 
+def test_the_trace_tool_follows_a_stored_sweep_to_within_1_percent_of_its_best():
+    """On a design sweep the run ends at its first config within 1% of the sweep's best, marked; before it,
+    none is."""
+    from tests.search.test_search_quality import STORED
+    from tests.search.trace import trace
+
+    lines = trace(sorted(STORED)[0], 0, 50)
+    assert lines[0].startswith("replay of ") and lines[1].endswith("(default)")
+    ratios = [float(line.split()[1]) for line in lines[1:]]
+    assert lines[-1].endswith("***") and ratios[-1] >= 0.99 and all(r < 0.99 for r in ratios[:-1])
+
+
 def test_with_a_batch_in_flight_the_steps_that_paid_are_proposed_together(toy_space, problem):
     """Hooke and Jeeves' pattern move: the default's single-knob changes that measured better (not the one that
     lost) applied at once, once SPREAD_AFTER proposals are in flight; before that the climb proposes alone."""

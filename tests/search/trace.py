@@ -1,11 +1,14 @@
-"""Where the default search's evaluations go on one planted landscape (tests/search/landscapes.py), one line each.
+"""Where the default search's evaluations go on one planted landscape (tests/search/landscapes.py) or one stored
+sweep (tests/data/README.md), one line each.
 
     PYTHONPATH=. python -m tests.search.trace island 8 [--budget 60]
+    PYTHONPATH=. python -m tests.search.trace d128-bf16-full-b1-h32-n16384 3 --budget 50
 
-Each line: the evaluation's number, its TFLOPS over the planted best, the best so far, the knobs it changes
-from the default, and the (centre, level) the climb proposed it from (the centre as its changes from the
-default); ``***`` marks the planted best. The run is window 1 (each result known before the next proposal)
-and seeded like ``replay``, without the tuning loop's random exploration (the search alone).
+Each line: the evaluation's number, its TFLOPS over the best (the planted one, or the sweep's best measured), the
+best so far, the knobs it changes from the default, and the (centre, level) the climb proposed it from (the centre
+as its changes from the default); ``***`` marks the planted best, or on a sweep the first config within 1% of its
+best, where the run ends. The run is window 1 (each result known before the next proposal) and seeded like
+``replay``, without the tuning loop's random exploration (the search alone). Tracing a held-out sweep makes it seen.
 """
 
 from __future__ import annotations
@@ -14,24 +17,47 @@ import argparse
 from collections.abc import Sequence
 
 from tests.search.landscapes import FAMILIES
-from tests.search.test_search_quality import D64, D64_PROBLEM, H200
+from tests.search.test_search_quality import D64, D64_PROBLEM, H200, STORED, SWEEPS, _oracle
 from tuner.search import DEFAULT_SEARCH, make_search
 from tuner.search._pattern import LEVELS
 from tuner.space import Config, config_key, load_space
+
+WITHIN = 0.99  # on a sweep: the run ends at the first config within 1% of the best, as replay counts it
 
 
 def _changes(config: Config, default: Config) -> str:
     return " ".join(f"{n}={v}" for n, v in config.items() if v != default[n]) or "(default)"
 
 
+def _subject(kind: str, seed: int):
+    """(oracle, is_best(config, value), what the best is) for a landscape family or a stored sweep's name."""
+    if kind in FAMILIES:
+        oracle = FAMILIES[kind](load_space(D64), D64_PROBLEM, H200, seed)
+        land = oracle.landscape
+        default = oracle.space.defaults(problem=oracle.problem, device=oracle.device)
+        best = {
+            **default,
+            **{n: oracle.space.knob(n).values[i] for n, i in zip(land.knob_names, land.basins[0].centre)},
+        }
+        return (
+            oracle,
+            lambda config, value: config_key(config) == config_key(best),
+            f"the best changes {_changes(best, default)}",
+        )
+    oracle = _oracle(kind)
+    return (
+        oracle,
+        lambda config, value: bool(value) and value >= WITHIN * oracle.best,
+        "*** marks the first config within 1% of the best",
+    )
+
+
 def trace(kind: str, seed: int, budget: int) -> list[str]:
-    """The lines of the module docstring for landscape ``kind``, seed ``seed``."""
-    oracle = FAMILIES[kind](load_space(D64), D64_PROBLEM, H200, seed)
-    land = oracle.landscape
+    """The lines of the module docstring for landscape family or sweep ``kind``, seed ``seed``."""
+    oracle, is_best, what = _subject(kind, seed)
     default = oracle.space.defaults(problem=oracle.problem, device=oracle.device)
-    best = {**default, **{n: oracle.space.knob(n).values[i] for n, i in zip(land.knob_names, land.basins[0].centre)}}
     search = make_search(DEFAULT_SEARCH, oracle.space, oracle.problem, oracle.device, seed)
-    lines = [f"{oracle.describe()}; the best changes {_changes(best, default)}"]
+    lines = [f"{oracle.describe()}; {what}"]
     taken: set[str] = set()
     config, top = default, 0.0
     for i in range(1, budget + 1):
@@ -49,7 +75,7 @@ def trace(kind: str, seed: int, budget: int) -> list[str]:
         taken.add(config_key(config))
         search.observe(config, value)
         top = max(top, value or 0.0)
-        mark = " ***" if config_key(config) == config_key(best) else ""
+        mark = " ***" if is_best(config, value) else ""
         ratio = f"{value / oracle.best:.3f}" if value else "failed"
         lines.append(f"{i:3d} {ratio} best {top / oracle.best:.3f}  {_changes(config, default)}{where}{mark}")
         if mark:
@@ -59,7 +85,7 @@ def trace(kind: str, seed: int, budget: int) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=sorted(FAMILIES))
+    parser.add_argument("kind", choices=sorted(FAMILIES) + sorted([*STORED, *SWEEPS]))
     parser.add_argument("seed", type=int)
     parser.add_argument("--budget", type=int, default=60)
     args = parser.parse_args(argv)
