@@ -422,21 +422,26 @@ def collect_dispatch(
     if not chosen:
         raise DispatchError(f"none of the {len(names)} selected studies can be exported; first: {left_out[0]}")
     not_covered += left_out
-    for c in chosen:
-        if c.default_moved and not c.is_default:
-            print(
-                f"flashtune export: warning: study {printable(c.study_name, 120)} was timed against a default that "
-                "today's space no longer gives its problem (a default or rule changed since), so its winner's lead "
-                f"over today's default is unmeasured: `flashtune bench --study {printable(c.study_name, 120)}` "
-                "times both, or tune the shape again",
-                file=log or sys.stderr,
-            )
+    _warn_of_moved_defaults(chosen, log or sys.stderr)
     sources = f"suite {suite.name}" if suite else ""
     if pattern:
         sources += (", " if sources else "") + f"pattern {pattern}"
     return DispatchSelection(
         families=build_dispatch(chosen), storage_url=storage_url, sources=sources, not_covered=not_covered
     )
+
+
+def _warn_of_moved_defaults(chosen: Sequence[ChosenConfig], log) -> None:
+    """A warning on ``log`` for each winner timed against a default that today's space no longer gives."""
+    for c in chosen:
+        if c.default_moved and not c.is_default:
+            name = printable(c.study_name, 120)
+            print(
+                f"flashtune export: warning: study {name} was timed against a default that today's space no "
+                "longer gives its problem (a default or rule changed since), so its winner's lead over today's "
+                f"default is unmeasured: `flashtune bench --study {name}` times both, or tune the shape again",
+                file=log,
+            )
 
 
 def export_dispatch(
