@@ -324,3 +324,22 @@ def test_export_warns_of_a_winner_timed_against_a_default_that_has_moved(studies
     err = capsys.readouterr().err
     assert out.exists() and err.count("was timed against a default that today's space no longer gives") == 8
     assert f"`flashtune bench --study disp-{FAMILY}-" in err
+
+
+def test_a_study_that_kept_its_default_is_not_warned_of_when_the_default_moves(families):
+    """A kept default is served as the call's own default with today's rules, so only a winner is warned of."""
+    import dataclasses
+    import io
+
+    from tuner.export._dispatch import _warn_of_moved_defaults
+
+    chosen = next(e.chosen for f in families for e in f.entries if f.space.name == FAMILY)
+    knob = next(k for k in chosen.space.knobs if len(k.values) > 1)
+    timed = dict(chosen.space.defaults(problem=chosen.problem, device=chosen.device))
+    timed[knob.name] = next(v for v in knob.values if v != timed[knob.name])
+    moved = dataclasses.replace(chosen, timed_default=timed, is_default=False)
+    assert moved.default_moved
+    for beats, warned in ((True, 1), (None, 1), (False, 0)):
+        log = io.StringIO()
+        _warn_of_moved_defaults([dataclasses.replace(moved, beats_default=beats)], log)
+        assert log.getvalue().count("was timed against a default") == warned, beats

@@ -432,9 +432,10 @@ def collect_dispatch(
 
 
 def _warn_of_moved_defaults(chosen: Sequence[ChosenConfig], log) -> None:
-    """A warning on ``log`` for each winner timed against a default that today's space no longer gives."""
+    """A warning on ``log`` for each winner timed against a default that today's space no longer gives (a study
+    that kept its default is served the call's own default, so it needs none)."""
     for c in chosen:
-        if c.default_moved and not c.is_default:
+        if c.default_moved and c.beats_default is not False and not c.is_default:
             name = printable(c.study_name, 120)
             print(
                 f"flashtune export: warning: study {name} was timed against a default that today's space no "
