@@ -435,6 +435,13 @@ PLANNED: tuple[Sweep, ...] = (
         _flags("fp16", 64, False, 2, 4096, 10),
         held_out=True,
     ),
+    # sweeps 53-56, held out: planned in session 39 after 48-52 were measured and before any was scored
+    Sweep("d64-bf16-full-b32-h16-n577", "sm90_sweep_d64e", _flags("bf16", 64, False, 32, 577, 16), held_out=True),
+    Sweep("d128-fp16-full-b4-h32-n4096", "sm90_sweep_d128e", _flags("fp16", 128, False, 4, 4096, 32), held_out=True),
+    Sweep(
+        "d256-fp16-causal-gqa32x4-b1-n8192", "sm90_sweep_d256f", _flags("fp16", 256, True, 1, 8192, 32, 4), held_out=True
+    ),
+    Sweep("d64-bf16-causal-b1-h16-n16384", "sm90_sweep_d64e", _flags("bf16", 64, True, 1, 16384, 16), held_out=True),
 )
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
