@@ -398,51 +398,78 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
-)
-#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
-#: database is stored and the sweep moved into SWEEPS
-PLANNED: tuple[Sweep, ...] = (
-    # sweeps 48-52, held out: planned 2026-12-07 (session 39) before anything was measured, at the classes where the
-    # search still misses (d128 non-causal long N: sweep 45's; d256 batch-heavy short N and d128 causal GQA at
-    # window 17: sweeps 46 and 7's) at other shapes, and a diffusion-like d64 shape
+    # sweeps 48-52, held out: planned 2026-12-07 (session 39) before anything was measured, then measured on an H100,
+    # at the classes where the search still misses (d128 non-causal long N: sweep 45's; d256 batch-heavy short N and
+    # d128 causal GQA at window 17: sweeps 46 and 7's) at other shapes, and a diffusion-like d64 shape
     Sweep(
         "d128-fp16-full-b2-h24-n8192",
         "sm90_sweep_d128e",
         _flags("fp16", 128, False, 2, 8192, 24),
         held_out=True,
+        gpu="h100",
     ),
     Sweep(
         "d128-bf16-full-gqa32x8-b1-n12288",
         "sm90_sweep_d128e",
         _flags("bf16", 128, False, 1, 12288, 32, 8),
         held_out=True,
+        gpu="h100",
     ),
     Sweep(
         "d256-bf16-full-b16-h8-n768",
         "sm90_sweep_d256f",
         _flags("bf16", 256, False, 16, 768, 8),
         held_out=True,
+        gpu="h100",
     ),
     Sweep(
         "d128-bf16-causal-gqa32x8-b2-n4096",
         "sm90_sweep_d128e",
         _flags("bf16", 128, True, 2, 4096, 32, 8),
         held_out=True,
+        gpu="h100",
     ),
     Sweep(
         "d64-fp16-full-b2-h10-n4096",
         "sm90_sweep_d64e",
         _flags("fp16", 64, False, 2, 4096, 10),
         held_out=True,
+        gpu="h100",
     ),
-    # sweeps 53-56, held out: planned in session 39 after 48-52 were measured and before any was scored
-    Sweep("d64-bf16-full-b32-h16-n577", "sm90_sweep_d64e", _flags("bf16", 64, False, 32, 577, 16), held_out=True),
-    Sweep("d128-fp16-full-b4-h32-n4096", "sm90_sweep_d128e", _flags("fp16", 128, False, 4, 4096, 32), held_out=True),
+    # sweeps 53-56, held out: planned in session 39 after 48-52 were measured and before any was scored, then
+    # measured on an H100
     Sweep(
-        "d256-fp16-causal-gqa32x4-b1-n8192", "sm90_sweep_d256f", _flags("fp16", 256, True, 1, 8192, 32, 4), held_out=True
+        "d64-bf16-full-b32-h16-n577",
+        "sm90_sweep_d64e",
+        _flags("bf16", 64, False, 32, 577, 16),
+        held_out=True,
+        gpu="h100",
     ),
-    Sweep("d64-bf16-causal-b1-h16-n16384", "sm90_sweep_d64e", _flags("bf16", 64, True, 1, 16384, 16), held_out=True),
+    Sweep(
+        "d128-fp16-full-b4-h32-n4096",
+        "sm90_sweep_d128e",
+        _flags("fp16", 128, False, 4, 4096, 32),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-fp16-causal-gqa32x4-b1-n8192",
+        "sm90_sweep_d256f",
+        _flags("fp16", 256, True, 1, 8192, 32, 4),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d64-bf16-causal-b1-h16-n16384",
+        "sm90_sweep_d64e",
+        _flags("bf16", 64, True, 1, 16384, 16),
+        held_out=True,
+        gpu="h100",
+    ),
 )
+#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
+#: database is stored and the sweep moved into SWEEPS
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
