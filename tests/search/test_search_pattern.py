@@ -227,31 +227,6 @@ def test_a_move_refused_by_a_chain_of_constraints_is_repaired_along_it():
     assert all(_changed(c, start) <= {"scheduler", "persistent", "q_stages", "block_n", "kv_stages"} for c in repaired)
 
 
-def test_a_pair_the_space_says_pays_only_together_is_a_coupled_step(tmp_path):
-    """sm90.toml says ping-pong ``pays_with`` the K/V ring's depth: a centre's coupled-step level changes both at once
-    (held-out sweep 45's best is that pair, each change a loss alone); without the declaration it does not."""
-    space = load_space("sm90")
-    assert space.knob("pingpong").pays_with == ("kv_stages",)
-    problem = Problem(batch=1, seqlen_q=16384, heads_q=32, head_dim=128)
-    start = {**space.defaults(problem=problem, device=H200), "q_stages": 1}
-    pair = {**start, "kv_stages": 3, "pingpong": 1}
-    assert start["kv_stages"] == 2 and start["pingpong"] == 0 and space.check(pair, problem, H200) is None
-
-    def coupled(space):
-        search = PatternSearch(space, problem, H200, seed=0)
-        search.observe(start, 600.0)
-        return [c for _, c in search.neighbourhood(config_key(start), LEVELS.index("coupled step") + 1)]
-
-    assert pair in coupled(space)
-    assert all(space.check(c, problem, H200) is None for c in coupled(space))
-    text = space.path.read_text()
-    assert text.count('pays_with = ["kv_stages"]') == 1
-    plain = tmp_path / "sm90.toml"
-    plain.write_text(text.replace('pays_with = ["kv_stages"]', ""))
-    undeclared = load_space(plain)
-    assert pair not in coupled(undeclared)
-
-
 def _kept_repairs(space, problem) -> int:
     """Checks one start's coupled-step level; returns how many refused moves it keeps with several partners."""
     search = PatternSearch(space, problem, H200, seed=0)

@@ -119,28 +119,3 @@ def test_a_plain_message_reads_as_before(tmp_path):
 
     reason = space.check({"block_m": 128, "block_n": 128, "stages": 3, "flag": 0}, problem, limits_for_arch(80))
     assert reason is not None and "B of shared memory; the device allows" in reason and "{" not in reason
-
-
-@pytest.mark.parametrize(
-    ("value", "match"),
-    [
-        ('["nonsense"]', r"pays_with names \['nonsense'\], not knobs"),
-        ('["block_m"]', "other knobs' names"),
-        ('"block_n"', "must be a list"),
-        ("[64]", "must be a list"),
-    ],
-)
-def test_pays_with_names_other_knobs_of_the_space(tmp_path, value, match):
-    text = _changed(
-        'default = 64\nhelp = "query rows per CTA"', f'default = 64\npays_with = {value}\nhelp = "query rows per CTA"'
-    )
-    with pytest.raises(SpaceError, match=match):
-        _load(tmp_path, text)
-
-
-def test_pays_with_as_written_loads(tmp_path):
-    text = _changed(
-        'default = 64\nhelp = "query rows per CTA"', 'default = 64\npays_with = ["stages"]\nhelp = "query rows per CTA"'
-    )
-    space = _load(tmp_path, text)
-    assert space.knob("block_m").pays_with == ("stages",) and space.knob("block_n").pays_with == ()

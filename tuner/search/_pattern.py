@@ -12,9 +12,7 @@ ping-pong). So the search walks the space from the default instead of sampling i
   one; where a coupled step has no such repair, the knobs of the constraints a repair step trips in turn
   join in: the dynamic scheduler needs persistent CTAs, which at d256 need one Q stage), once with each of
   its cheapest repairs (up to :data:`REPAIRS_KEPT`): which partner pays
-  is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong); and a
-  step of two knobs at once where the space file says one ``pays_with`` the other (ping-pong with a third
-  K/V stage: each a loss alone, and no model learns the pair before it is measured);
+  is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong);
   (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each; (5) two knobs,
   at least one of them farther than a step (a tile size and a stage depth that pay only together).
 - Proposals come from the (centre, level) of highest priority: the centre's log TFLOPS less
@@ -184,12 +182,6 @@ def _reach(knob: Knob) -> int:
     """Steps along an ordered knob that still count as one move: 1, up to a quarter of a long value list
     (a register budget of 13 values moves by up to 3 at once; measurement noise hides single steps)."""
     return max(1, (len(knob.values) - 1) // 4)
-
-
-def _one_moves(knob: Knob, value: int) -> list[int]:
-    """The values one move from ``value``: an ordered knob's within :func:`_reach`, any other of a category."""
-    here = knob.values.index(value)
-    return [v for i, v in enumerate(knob.values) if 0 < abs(i - here) <= _reach(knob) or (not knob.ordered and v != value)]
 
 
 def _pair_jumps(space: Space, config: Config) -> Iterator[Config]:
@@ -364,7 +356,13 @@ class PatternSearch(Search):
             centre = self.configs[key]
             name = LEVELS[level - 1]
             if name in ("step", "coupled step"):
-                pool = [{**centre, k.name: v} for k in self.space.knobs for v in _one_moves(k, centre[k.name])]
+                pool = [
+                    {**centre, k.name: v}
+                    for k in self.space.knobs
+                    for i, v in enumerate(k.values)
+                    if 0 < abs(i - k.values.index(centre[k.name])) <= _reach(k)
+                    or (not k.ordered and v != centre[k.name])
+                ]
             elif name == "jump":
                 pool = [
                     {**centre, k.name: v}
@@ -388,25 +386,8 @@ class PatternSearch(Search):
                 changed = {n for n in other if other[n] != centre[n]}
                 for repaired in self._repairs(other, changed, chain=name == "coupled step")[:REPAIRS_KEPT]:
                     out.setdefault(config_key(repaired), repaired)
-            if name == "coupled step":
-                for other in self._declared_pairs(centre):
-                    if self.feasible(other):
-                        out.setdefault(config_key(other), other)
-                        continue
-                    changed = {n for n in other if other[n] != centre[n]}
-                    for repaired in self._repairs(other, changed, chain=True)[:REPAIRS_KEPT]:
-                        out.setdefault(config_key(repaired), repaired)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
-
-    def _declared_pairs(self, centre: Config) -> Iterator[Config]:
-        """``centre`` with a knob and one it ``pays_with`` (the space file) changed together, each by a move of
-        the "step" level: a pair the space says may pay only together, tried beside the coupled steps."""
-        pairs = {tuple(sorted((k.name, other))) for k in self.space.knobs for other in k.pays_with}
-        for a, b in sorted(pairs):
-            for va in _one_moves(self.space.knob(a), centre[a]):
-                for vb in _one_moves(self.space.knob(b), centre[b]):
-                    yield {**centre, a: va, b: vb}
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The model's favourite of :meth:`_repairs`, or None when there is none."""

@@ -92,9 +92,6 @@ class Knob:
     head_dim_defaults: tuple[tuple[int, int], ...] = ()  # (head_dim, default) where the plain default does not fit
     ordered: bool = True  # values are searched as steps in the listed order (block sizes, budgets); False: categories
     arch_defaults: tuple[tuple[int, int], ...] = ()  # (arch, default) for devices of that arch or newer, ascending
-    #: knobs whose change may pay only together with a change of this one (ping-pong with a deeper K/V ring): the
-    #: search tries the two at once beside single steps, where no measurement shows the pair would pay yet
-    pays_with: tuple[str, ...] = ()
 
     def default_for(self, head_dim: int | None = None, arch: int | None = None) -> int:
         """The default for problems of ``head_dim`` on a device of ``arch`` (None: the plain default).
@@ -599,9 +596,6 @@ def _parse(data: Mapping[str, Any], path: Path, root: Path) -> Space:
         _parse_knob(name, entry, f"{where} [knobs.{name}]", family, known, macros)
         for name, entry in knob_tables.items()
     ]
-    for k in knobs:
-        if unknown := set(k.pays_with) - {other.name for other in knobs}:
-            raise SpaceError(f"{where} [knobs.{k.name}]: pays_with names {sorted(unknown)}, not knobs of this space")
     derived = [
         _parse_derived(name, entry, f"{where} [derived.{name}]", known, macros)
         for name, entry in _table(data, "derived", where, required=False).items()
@@ -755,9 +749,7 @@ def _check_targets(fam: dict[str, Any], where: str) -> None:
 
 def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str], macros: set[str]) -> Knob:
     """``[knobs.<name>]``; adds the knob's name to ``known`` and its macro to ``macros``."""
-    _keys(
-        entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "default_by_arch", "ordered", "pays_with"}
-    )
+    _keys(entry, kw, {"macro", "values", "default", "help"}, {"default_by_head_dim", "default_by_arch", "ordered"})
     _check_name(name, kw, known)
     _check_macro(entry["macro"], kw, macros)
     values = entry["values"]
@@ -778,9 +770,6 @@ def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str],
     ordered = entry.get("ordered", True)
     if not isinstance(ordered, bool):
         raise SpaceError(f"{kw}: ordered must be true (values are steps in the listed order) or false (categories)")
-    pays_with = entry.get("pays_with", [])
-    if not isinstance(pays_with, list) or not all(isinstance(n, str) for n in pays_with) or name in pays_with:
-        raise SpaceError(f"{kw}: pays_with must be a list of other knobs' names, got {pays_with!r:.200}")
     known.add(name)
     return Knob(
         name,
@@ -791,7 +780,6 @@ def _parse_knob(name: str, entry: Any, kw: str, family: Family, known: set[str],
         by_head_dim,
         ordered,
         by_arch,
-        tuple(pays_with),
     )
 
 
