@@ -91,7 +91,7 @@ def test_with_17_configs_compiling_ahead_the_stored_sweep_takes_a_few_more(store
     _check(replay(stored, [DEFAULT_SEARCH], SEEDS, 50, window=17), median=25, p90=40, within=50)
 
 
-#: the fifty-four sweeps of tests/data/README.md measured apart from the two above, by name (tests/gpu/measure_sweeps.py
+#: the fifty-six sweeps of tests/data/README.md measured apart from the two above, by name (tests/gpu/measure_sweeps.py
 #: measures them and says which are held out)
 SWEEPS = {s.name: s for s in MEASURED_SWEEPS}
 #: held-out sweeps whose window-1 target the search misses, with the figure of their one scoring
