@@ -317,6 +317,11 @@ RULES_VARIANTS = {
     # default there), on persistent CTAs with one Q stage (two do not fit beside three stages) and one CTA per block
     "rules_kv3_pp_q1": {"kv_stages": 3, "pingpong": 1, "q_stages": 1},
     "rules_kv3_pp_one": {"kv_stages": 3, "pingpong": 1, "persistent": 0, "scheduler": 0},
+    # d64 with few units: 2 consumer warpgroups with 192-key blocks, no tail split (the best of held-out sweep 52, d64
+    # fp16 non-causal B2 H10 N4096 on an H100, whose space held tail_splits at 1), and the same with the tail split
+    "rules_wgs2_192": {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240, "block_n": 192, "tail_splits": 1},
+    "rules_wgs2_192_tail": {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240, "block_n": 192},
+    "rules_no_tail": {"tail_splits": 1},
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more
