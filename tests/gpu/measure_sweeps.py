@@ -466,30 +466,55 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
-)
-#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
-#: database is stored and the sweep moved into SWEEPS
-PLANNED: tuple[Sweep, ...] = (
     # sweeps 57-62, held out: planned 2026-12-07 (session 40) before anything was measured, to judge a search change
-    # that is not made yet; at the classes where the search misses (d64 non-causal few waves: 52's; d128 non-causal
-    # long N: 45 and 49's; d256 batch-heavy short N: 46 and 50's; d128 causal GQA: 7's) at other shapes
-    Sweep("d64-bf16-full-b1-h12-n8192", "sm90_sweep_d64e", _flags("bf16", 64, False, 1, 8192, 12), held_out=True),
+    # not made yet, at the classes where the search misses (d64 non-causal few waves: 52's; d128 non-causal long N:
+    # 45 and 49's; d256 batch-heavy short N: 46 and 50's; d128 causal GQA: 7's) at other shapes; measured on an H100
+    Sweep(
+        "d64-bf16-full-b1-h12-n8192",
+        "sm90_sweep_d64e",
+        _flags("bf16", 64, False, 1, 8192, 12),
+        held_out=True,
+        gpu="h100",
+    ),
     Sweep(
         "d128-fp16-full-gqa16x2-b2-n10240",
         "sm90_sweep_d128e",
         _flags("fp16", 128, False, 2, 10240, 16, 2),
         held_out=True,
+        gpu="h100",
     ),
-    Sweep("d128-bf16-full-b3-h20-n6000", "sm90_sweep_d128e", _flags("bf16", 128, False, 3, 6000, 20), held_out=True),
-    Sweep("d256-fp16-full-b24-h8-n640", "sm90_sweep_d256f", _flags("fp16", 256, False, 24, 640, 8), held_out=True),
+    Sweep(
+        "d128-bf16-full-b3-h20-n6000",
+        "sm90_sweep_d128e",
+        _flags("bf16", 128, False, 3, 6000, 20),
+        held_out=True,
+        gpu="h100",
+    ),
+    Sweep(
+        "d256-fp16-full-b24-h8-n640",
+        "sm90_sweep_d256f",
+        _flags("fp16", 256, False, 24, 640, 8),
+        held_out=True,
+        gpu="h100",
+    ),
     Sweep(
         "d128-fp16-causal-gqa24x8-b3-n3000",
         "sm90_sweep_d128e",
         _flags("fp16", 128, True, 3, 3000, 24, 8),
         held_out=True,
+        gpu="h100",
     ),
-    Sweep("d64-fp16-full-b4-h10-n2304", "sm90_sweep_d64e", _flags("fp16", 64, False, 4, 2304, 10), held_out=True),
+    Sweep(
+        "d64-fp16-full-b4-h10-n2304",
+        "sm90_sweep_d64e",
+        _flags("fp16", 64, False, 4, 2304, 10),
+        held_out=True,
+        gpu="h100",
+    ),
 )
+#: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
+#: database is stored and the sweep moved into SWEEPS
+PLANNED: tuple[Sweep, ...] = ()
 BY_NAME = {s.name: s for s in SWEEPS + PLANNED}
 
 
