@@ -11,7 +11,7 @@ import pytest
 
 from tests.gpu import measure_sweeps
 from tests.gpu.derive_sweep_spaces import OUT
-from tests.gpu.measure_sweeps import PLANNED, SWEEPS, card_tag, feasible_count, on_card
+from tests.gpu.measure_sweeps import PLANNED, SEALED, SWEEPS, card_tag, feasible_count, on_card
 from tuner.devices import limits_for_arch
 from tuner.space import load_space
 
@@ -19,7 +19,7 @@ H200 = limits_for_arch(90)
 DATA = OUT.parent
 
 
-@pytest.mark.parametrize("sweep", [s for s in SWEEPS + PLANNED if s.space[-1] in "de"], ids=lambda s: s.name)
+@pytest.mark.parametrize("sweep", [s for s in SWEEPS + SEALED + PLANNED if s.space[-1] in "de"], ids=lambda s: s.name)
 def test_a_derived_sweeps_default_is_feasible_and_its_space_reduced(sweep):
     """A stored sweep keeps the default of the space it was measured with (its replays start there), whatever
     sm90.toml's rules say since; a planned one starts where a study of the shipped space would."""
@@ -38,6 +38,15 @@ def test_planned_sweeps_are_held_out_new_and_not_stored_yet():
     assert all(s.held_out and s.name not in stored for s in PLANNED)
     stored_dbs = [on_card(s, card).db for s in PLANNED for card in ("h100", "h200")]
     assert not [db for db in stored_dbs if (DATA / db).exists()], "a measured planned sweep belongs in SWEEPS"
+
+
+def test_sealed_sweeps_are_held_out_stored_and_replayed_by_no_test():
+    """A sealed sweep is measured and waits, unscored, to judge the next change to the search."""
+    stored = {s.name for s in SWEEPS}
+    assert all(s.held_out and s.name not in stored and (DATA / s.db).exists() for s in SEALED)
+    from tests.search import test_search_quality
+
+    assert not {s.name for s in SEALED} & set(test_search_quality.SWEEPS)
 
 
 def test_a_planned_sweep_takes_the_name_of_the_card_it_runs_on_and_a_stored_one_keeps_its_own(monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gpu.measure_sweeps import SWEEPS
+from tests.gpu.measure_sweeps import SEALED, SWEEPS
 from tests.search import score
 
 
@@ -25,3 +25,13 @@ def test_one_design_sweep_scores_one_row(capsys):
     assert score.main(["--only", "bf16-full-n2048", "--seeds", "2", "--windows", "1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| bf16-full-n2048 ")]
     assert len(rows) == 1 and "| design | 1 |" in rows[0]
+
+
+def test_a_sealed_sweep_is_scored_only_with_the_sealed_flag(capsys):
+    if not SEALED:
+        pytest.skip("no sealed sweep stored now")
+    name = SEALED[0].name
+    assert name not in score.sweep_names(True) and name in score.sweep_names(True, True)
+    with pytest.raises(SystemExit) as e:
+        score.main(["--held-out", "--only", name])
+    assert e.value.code == 2 and "--sealed" in capsys.readouterr().err
