@@ -545,6 +545,21 @@ def test_the_trace_tool_follows_one_landscape_to_its_planted_best():
     assert trace("island", 0, 60) == lines  # seeded: the same lines again
 
 
+def test_the_trace_tool_with_a_window_follows_replays_own_run():
+    """--window 17: the configs in the order replay's run asked the oracle, the default first, as many as replay
+    counts until its first within 1% of the best, and the same lines again for the seed."""
+    from tests.search.test_search_quality import _hits, _oracle
+    from tests.search.trace import trace_window
+    from tuner.run import replay
+    from tuner.search import DEFAULT_SEARCH
+
+    name = "d64-fp16-causal-n4096"
+    lines = trace_window(name, 1, 50, 17)
+    assert "17 in flight" in lines[0] and lines[1].endswith("(default)") and lines[-1].endswith("***")
+    assert len(lines) - 1 == _hits(replay(_oracle(name), [DEFAULT_SEARCH], [1], 50, window=17))[0]
+    assert trace_window(name, 1, 50, 17) == lines
+
+
 def test_the_trace_tool_follows_a_stored_sweep_to_within_1_percent_of_its_best():
     """On a design sweep the run ends at its first config within 1% of the sweep's best, marked; before it,
     none is."""

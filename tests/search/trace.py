@@ -3,12 +3,15 @@ sweep (tests/data/README.md), one line each.
 
     PYTHONPATH=. python -m tests.search.trace island 8 [--budget 60]
     PYTHONPATH=. python -m tests.search.trace d128-bf16-full-b1-h32-n16384 3 --budget 50
+    PYTHONPATH=. python -m tests.search.trace d64-fp16-full-b16-h12-n1536 0 --budget 50 --window 17
 
 Each line: the evaluation's number, its TFLOPS over the best (the planted one, or the sweep's best measured), the
 best so far, the knobs it changes from the default, and the (centre, level) the climb proposed it from (the centre
 as its changes from the default); ``***`` marks the planted best, or on a sweep the first config within 1% of its
 best, where the run ends. The run is window 1 (each result known before the next proposal) and seeded like
-``replay``, without the tuning loop's random exploration (the search alone). Tracing a held-out sweep makes it seen.
+``replay``, without the tuning loop's random exploration (the search alone). With ``--window N`` it is ``replay``'s
+own run instead (the tuning loop with N configs in flight, its exploration included), in the order the oracle was
+asked, without the centres. Tracing a held-out sweep makes it seen.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 
 from tests.search.landscapes import FAMILIES
 from tests.search.test_search_quality import D64, D64_PROBLEM, H200, STORED, SWEEPS, _oracle
+from tuner.run import replay_one
 from tuner.search import DEFAULT_SEARCH, make_search
 from tuner.search._pattern import LEVELS
 from tuner.space import Config, config_key, load_space
@@ -83,13 +87,41 @@ def trace(kind: str, seed: int, budget: int) -> list[str]:
     return lines
 
 
+def trace_window(kind: str, seed: int, budget: int, window: int) -> list[str]:
+    """:func:`trace`'s lines for ``replay``'s run with ``window`` configs in flight (no centres: the loop proposes)."""
+    oracle, is_best, what = _subject(kind, seed)
+    default = oracle.space.defaults(problem=oracle.problem, device=oracle.device)
+    asked: list[tuple[Config, float | None]] = []
+    measure = oracle.tflops
+
+    def recorded(config: Config) -> float | None:
+        asked.append((dict(config), measure(config)))
+        return asked[-1][1]
+
+    object.__setattr__(oracle, "tflops", recorded)  # the oracle is frozen; this copy is ours
+    replay_one(oracle, DEFAULT_SEARCH, seed, budget, window)
+    lines, top = [f"{oracle.describe()}; {what}; {window} in flight"], 0.0
+    for i, (config, value) in enumerate(asked, 1):
+        top = max(top, value or 0.0)
+        mark = " ***" if is_best(config, value) else ""
+        ratio = f"{value / oracle.best:.3f}" if value else "failed"
+        lines.append(f"{i:3d} {ratio} best {top / oracle.best:.3f}  {_changes(config, default)}{mark}")
+        if mark:
+            break
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=sorted(FAMILIES) + sorted([*STORED, *SWEEPS]))
     parser.add_argument("seed", type=int)
     parser.add_argument("--budget", type=int, default=60)
+    parser.add_argument("--window", type=int, default=1, help="configs in flight (above 1: replay's own run)")
     args = parser.parse_args(argv)
-    print("\n".join(trace(args.kind, args.seed, args.budget)))
+    if args.window > 1:
+        print("\n".join(trace_window(args.kind, args.seed, args.budget, args.window)))
+    else:
+        print("\n".join(trace(args.kind, args.seed, args.budget)))
     return 0
 
 
