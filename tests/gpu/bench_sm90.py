@@ -322,6 +322,11 @@ RULES_VARIANTS = {
     "rules_wgs2_192": {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240, "block_n": 192, "tail_splits": 1},
     "rules_wgs2_192_tail": {"consumer_wgs": 2, "producer_regs": 24, "consumer_regs": 240, "block_n": 192},
     "rules_no_tail": {"tail_splits": 1},
+    # d64 non-causal: 96-key blocks with ping-pong (3 consumer warpgroups), the best of held-out sweeps 57 and 62 (d64
+    # B1 H12 N8192 and B4 H10 N2304 on an H100, 1.018x and 1.012x their default), and with the static scheduler and a
+    # 24-register producer budget as in 57
+    "rules_bn96_pp": {"block_n": 96, "pingpong": 1},
+    "rules_bn96_pp_static": {"block_n": 96, "pingpong": 1, "scheduler": 0, "producer_regs": 24},
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more
