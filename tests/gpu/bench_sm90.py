@@ -327,6 +327,7 @@ RULES_VARIANTS = {
     # 24-register producer budget as in 57
     "rules_bn96_pp": {"block_n": 96, "pingpong": 1},
     "rules_bn96_pp_static": {"block_n": 96, "pingpong": 1, "scheduler": 0, "producer_regs": 24},
+    "rules_bn128": {"block_n": 128, "pingpong": 0},  # where the d64 ping-pong rule fired: the default without it
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more

@@ -2,7 +2,8 @@
 problems whose 192-row units take nearly as many waves as 128-row ones (>= 1.3x the time by waves, or >= 1.12x with
 >= 2048 keys and a last wave of 192-row units over half full), with 192-key blocks where those pad the keys no more
 than 176-key ones and 176-key blocks otherwise, where either pads the keys < 1.1x as much as 128-key ones; 3
-warpgroups elsewhere at d64, causal included; every such default is feasible. The wave counts and work are computed here independently of the space file's expressions."""
+warpgroups elsewhere at d64, causal included, with 96-key blocks and ping-pong where non-causal 3 warpgroups run 1-4
+waves of >= 2048 keys unsplit; every such default is feasible. The wave counts and work are computed here independently of the space file's expressions."""
 
 from __future__ import annotations
 
@@ -72,14 +73,27 @@ def test_d64_warpgroups_follow_the_wave_counts_and_every_default_is_feasible():
             # much as 128-key blocks
             keys = {n: n * math.ceil(problem.seqlen_k / n) for n in (128, 176, 192)}
             wide = 192 if keys[192] <= keys[176] else 176
-            assert config["block_n"] == (wide if expected == 2 and keys[wide] < 1.1 * keys[128] else 128), (
-                problem.slug()
-            )
+            pingpong = expected == 3 and _pingpong_rule(problem, config)
+            block_n = 96 if pingpong else wide if expected == 2 and keys[wide] < 1.1 * keys[128] else 128
+            assert (config["block_n"], config["pingpong"]) == (block_n, int(pingpong)), problem.slug()
+
+
+def _pingpong_rule(problem: Problem, config: dict) -> bool:
+    """Non-causal d64 on 3 warpgroups at 1-4 waves of 192-row units (one persistent CTA per SM) without a split of
+    the keys, >= 2048 keys: 96-key blocks with ping-pong."""
+    units = _units(problem, 192)
+    return (
+        not problem.causal
+        and config["kv_splits"] == 1
+        and config["tail_splits"] == 1
+        and H200.num_sms < units < 4 * H200.num_sms
+        and problem.seqlen_k >= 2048
+    )
 
 
 def test_both_outcomes_occur_among_the_problems():
     configs = [SPACE.defaults(problem=p, device=H200) for p in PROBLEMS if p.head_dim == 64]
-    assert {(c["consumer_wgs"], c["block_n"]) for c in configs} == {(2, 128), (2, 176), (2, 192), (3, 128)}
+    assert {(c["consumer_wgs"], c["block_n"]) for c in configs} == {(2, 128), (2, 176), (2, 192), (3, 128), (3, 96)}
 
 
 def test_the_measured_shapes_get_what_was_faster():
@@ -115,6 +129,24 @@ def test_the_measured_shapes_get_what_was_faster():
     }.items():
         problem = Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=64)
         assert SPACE.defaults(problem=problem, device=H200)["consumer_wgs"] == wgs, (b, h, n)
+
+
+def test_the_d64_pingpong_rule_fires_where_measured_to_win():
+    """H100, 2026-12-07 (BENCHMARKS.md, session 40): 96-key blocks with ping-pong 1.015-1.048x the default at 2.9
+    waves (B1 H24 N3072, B1 H12 N6144), 1.007-1.049x at 12 of 14 held-out shapes of 1.6-3.9 waves; not past 4 waves
+    (1.00x at B2 H12 N5120, 0.92-0.95x at 16-21 waves), nor on top of the tail split (B2 H10 N4096, 0.97-0.99x)."""
+    for (dtype, b, h, n), fires in {
+        ("bf16", 1, 24, 3072): True,
+        ("bf16", 1, 12, 6144): True,
+        ("bf16", 1, 4, 12288): True,
+        ("fp16", 6, 4, 2048): True,
+        ("bf16", 2, 12, 5120): False,
+        ("fp16", 4, 32, 4096): False,
+        ("fp16", 2, 10, 4096): False,
+    }.items():
+        config = SPACE.defaults(problem=Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=64, dtype=dtype), device=H200)
+        assert (config["block_n"] == 96 and config["pingpong"] == 1) == fires, (dtype, b, h, n, config)
+        assert SPACE.check(config, Problem(batch=b, seqlen_q=n, heads_q=h, head_dim=64, dtype=dtype), H200) is None
 
 
 def test_causal_d64_takes_3_warpgroups_at_the_measured_shapes():
