@@ -56,6 +56,12 @@ def _subject(kind: str, seed: int):
     )
 
 
+def _line(i: int, value: float | None, top: float, best: float, what: str, marked: bool) -> str:
+    """Evaluation ``i``: its TFLOPS and the best so far over ``best``, what it changes, ``***`` where ``marked``."""
+    ratio = f"{value / best:.3f}" if value else "failed"
+    return f"{i:3d} {ratio} best {top / best:.3f}  {what}{' ***' if marked else ''}"
+
+
 def trace(kind: str, seed: int, budget: int) -> list[str]:
     """The lines of the module docstring for landscape family or sweep ``kind``, seed ``seed``."""
     oracle, is_best, what = _subject(kind, seed)
@@ -79,10 +85,8 @@ def trace(kind: str, seed: int, budget: int) -> list[str]:
         taken.add(config_key(config))
         search.observe(config, value)
         top = max(top, value or 0.0)
-        mark = " ***" if is_best(config, value) else ""
-        ratio = f"{value / oracle.best:.3f}" if value else "failed"
-        lines.append(f"{i:3d} {ratio} best {top / oracle.best:.3f}  {_changes(config, default)}{where}{mark}")
-        if mark:
+        lines.append(_line(i, value, top, oracle.best, _changes(config, default) + where, is_best(config, value)))
+        if is_best(config, value):
             break
     return lines
 
@@ -103,10 +107,8 @@ def trace_window(kind: str, seed: int, budget: int, window: int) -> list[str]:
     lines, top = [f"{oracle.describe()}; {what}; {window} in flight"], 0.0
     for i, (config, value) in enumerate(asked, 1):
         top = max(top, value or 0.0)
-        mark = " ***" if is_best(config, value) else ""
-        ratio = f"{value / oracle.best:.3f}" if value else "failed"
-        lines.append(f"{i:3d} {ratio} best {top / oracle.best:.3f}  {_changes(config, default)}{mark}")
-        if mark:
+        lines.append(_line(i, value, top, oracle.best, _changes(config, default), is_best(config, value)))
+        if is_best(config, value):
             break
     return lines
 
