@@ -20,11 +20,9 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import optuna
-
 from tests.gpu.measure_sweeps import SEALED, SWEEPS
-from tests.search.test_search_quality import DATA, STORED, _family, _hits, _oracle, _p90
-from tuner.run import load_oracle, replay
+from tests.search.test_search_quality import STORED, _family, _hits, _oracle, _p90, _sweep_oracle
+from tuner.run import replay
 from tuner.search import DEFAULT_SEARCH
 
 BUDGET = 50  # evaluations per run on a sweep (60 on a synthetic landscape, as its tests replay)
@@ -46,10 +44,7 @@ def sweep_names(include_held_out: bool, include_sealed: bool = False) -> list[st
 def _load(name: str):
     """The replay oracle of a stored or sealed sweep."""
     sealed = {s.name: s for s in SEALED}
-    if name not in sealed:
-        return _oracle(name)
-    s = sealed[name]
-    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / s.db}"), s.study, s.space_file)
+    return _sweep_oracle(sealed[name]) if name in sealed else _oracle(name)
 
 
 def _split(name: str) -> str:

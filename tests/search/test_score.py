@@ -35,3 +35,5 @@ def test_a_sealed_sweep_is_scored_only_with_the_sealed_flag(capsys):
     with pytest.raises(SystemExit) as e:
         score.main(["--held-out", "--only", name])
     assert e.value.code == 2 and "--sealed" in capsys.readouterr().err
+    oracle = score._load(name)  # loaded from its database (not replayed here: nothing scores a sealed sweep)
+    assert oracle.study_name == SEALED[0].study and oracle.best > 0 and score._split(name) == "sealed"

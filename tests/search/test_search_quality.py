@@ -139,12 +139,15 @@ def _sweep_params(names, missed=MISSED):
 
 
 def _oracle(name: str):
-    if name in STORED:
-        file, study = STORED[name]
-        space = DATA / "sm90_small.toml"
-    else:
-        file, study, space = SWEEPS[name].db, SWEEPS[name].study, SWEEPS[name].space_file
-    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, space)
+    if name not in STORED:
+        return _sweep_oracle(SWEEPS[name])
+    file, study = STORED[name]
+    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, DATA / "sm90_small.toml")
+
+
+def _sweep_oracle(sweep):
+    """The replay oracle of one of tests/gpu/measure_sweeps.py's sweeps, from its stored database."""
+    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / sweep.db}"), sweep.study, sweep.space_file)
 
 
 @pytest.mark.parametrize("name", _sweep_params(sorted(SWEEPS)))
