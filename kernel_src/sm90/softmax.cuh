@@ -29,7 +29,9 @@ struct OnlineSoftmax {
   }
 
   // Fold the tile's row maxima into row_max. Returns true (warp-uniform) when O must be
-  // multiplied by o_scale; then row_sum has been rescaled already.
+  // multiplied by o_scale; then row_sum has been rescaled already. One dependent FMNMX chain
+  // per row on purpose: 4 chains and a tree (for the max and the sum) ran at 0.86-0.99 of this
+  // at d64 on an H100, with the same instruction mix (BENCHMARKS.md, 2026-12-07, session 41).
   __device__ __forceinline__ bool update_max(const float (&s)[kN], float (&o_scale)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
