@@ -14,9 +14,10 @@ Stages, each one robust (a failing config, backend or ncu run is reported and sk
 3. in a GPU worker process (tuner.worker: a hung or crashing kernel kills only the worker, which
    is restarted): per shape, random inputs and one float32 reference; each config checked once on
    poisoned outputs (a failure is WRONG and never timed); then ours, SDPA's CUDNN_ATTENTION and
-   FLASH_ATTENTION on the same inputs, timed in 3 interleaved rounds (an L2 flush before every
+   FLASH_ATTENTION on the same inputs, timed in 4 interleaved rounds (an L2 flush before every
    launch, CUDA events, no sync between launches; the result is the median of the rounds'
-   medians); an 8192^3 cuBLAS GEMM once;
+   medians; the order rotated every other round and reversed in between, see round_order); an
+   8192^3 cuBLAS GEMM once;
 4. ncu (SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and a tensor-pipe metric) on the
    default, the best variant and cuDNN at two shapes, one ncu run per shape: text under $OUT;
 5. $OUT/bench_sm90.json with every timing, and a compact table printed last.
@@ -54,7 +55,7 @@ DEADLINE_S = 340.0  # everything, including ncu, ends by then (the brief: under 
 NCU_RESERVE_S = 100.0  # kept for the ncu stage while shapes are timed
 TARGET_MS = 30.0  # GPU time per (runnable, round)
 CHECK_TIMEOUT_S = 25.0  # loading and checking one config: a kernel still running by then hangs
-ROUNDS = 3
+ROUNDS = 4
 TIMING_RESERVE_S = 8.0  # of --deadline kept per shape for its timing while kernels compile (~2-6 s are used)
 _T0 = [time.perf_counter()]  # main() sets it again: --deadline counts from the run's start, not the import
 
@@ -609,6 +610,17 @@ def add_peers(_: object = None) -> dict:
     return out
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s timing order: ``names`` rotated by r // 2 places, reversed in odd rounds. A rotation alone
+    keeps each runner behind the same one, and the runner before matters: with the order only rotated, two
+    identical builds of the d128 default timed one after the other differed by up to 9% in one run at N 16384
+    on an H100 (BENCHMARKS.md, session 41), the second always behind the first. Reversing every other round puts
+    each runner behind both its neighbours, and rotating moves it through the places."""
+    shift = (r // 2) % max(1, len(names))
+    order = names[shift:] + names[:shift]
+    return order[::-1] if r % 2 else order
+
+
 def time_round(names: list[str]) -> dict:
     """Each runner in order: warm, then enough launches for TARGET_MS, each after an L2 flush,
     bracketed by CUDA events on the null stream, synchronised once at the end. Median ms."""
@@ -771,7 +783,7 @@ def run_shape(worker, space: Space, device: DeviceLimits, plan: dict, seed: int,
     names = [e["name"] for e in passed] + [n for n, peer in plan["peers"].items() if not peer.get("failure")]
     rounds: dict[str, list[float]] = {n: [] for n in names}
     for r in range(ROUNDS):
-        order = names[r % max(1, len(names)) :] + names[: r % max(1, len(names))]  # rotate: no fixed position
+        order = round_order(names, r)
         try:
             got = worker.call(HANDLER.time_round, order, timeout_s=90)
         except WorkerError as e:

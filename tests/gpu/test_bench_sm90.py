@@ -3,6 +3,7 @@ GPU worker (here a fake handler, FakeSm90: no GPU, no nvcc), the table and the n
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -144,6 +145,19 @@ def test_the_served_variant_times_the_shipped_tables_winner_where_it_is_not_the_
         bench._ONLY.clear()
     served = [c for c in configs if c["name"] == bench.SERVED]
     assert len(served) == 1 and served[0]["config"] == winner and served[0]["diff"]["pingpong"] == winner["pingpong"]
+
+
+@pytest.mark.parametrize("count", [3, 4, 6])
+def test_the_timing_order_puts_no_runner_always_behind_the_same_one(count):
+    names = [f"r{i}" for i in range(count)]
+    orders = [bench.round_order(names, r) for r in range(bench.ROUNDS)]
+    assert all(sorted(order) == names for order in orders)  # every runner once a round
+    behind: dict[str, set[str]] = {n: set() for n in names}  # the runners each one was timed right after
+    for order in orders:
+        for before, name in itertools.pairwise(order):
+            behind[name].add(before)
+    assert all(len(before) >= 2 for before in behind.values()), behind
+    assert len({order[0] for order in orders}) >= 2  # not always the same runner first
 
 
 def test_quick_plan_is_small():
