@@ -612,10 +612,11 @@ def add_peers(_: object = None) -> dict:
 
 def round_order(names: list[str], r: int) -> list[str]:
     """Round ``r``'s timing order: ``names`` rotated by r // 2 places, reversed in odd rounds. A rotation alone
-    keeps each runner behind the same one, and the runner before matters: with the order only rotated, two
-    identical builds of the d128 default timed one after the other differed by up to 9% in one run at N 16384
-    on an H100 (BENCHMARKS.md, session 41), the second always behind the first. Reversing every other round puts
-    each runner behind both its neighbours, and rotating moves it through the places."""
+    keeps each runner behind the same one wherever it is not first, and the runner before may matter: with the
+    order only rotated, two identical builds of the d128 default differed by up to 9% in one run at N 16384 on an
+    H100, the second timed right behind the first in two of its three rounds (BENCHMARKS.md, session 41; this
+    order is not measured yet). Reversing every other round puts each runner behind both its neighbours, and
+    rotating moves it through the places."""
     shift = (r // 2) % max(1, len(names))
     order = names[shift:] + names[:shift]
     return order[::-1] if r % 2 else order
