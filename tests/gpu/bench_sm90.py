@@ -354,6 +354,7 @@ def _served(space: Space, problem: Problem, device: DeviceLimits) -> dict:
 
 
 _NCU_SLUGS: set[str] = set()  # --ncu-shape: profile these shapes (slugs) instead of NCU_SHAPES
+_NCU_SOURCE: list[bool] = []  # --ncu-source: also stall samples per SASS instruction
 _ONLY: set[str] = set()  # --variants: the named variants only (the default always)
 _BASELINE: list[str] = []  # --baseline: a kernel tree to build the problem's default from as well
 
@@ -866,7 +867,9 @@ def tensor_metrics(ncu: str) -> list[str]:
     return [f"{base}.avg.pct_of_peak_sustained_active" for base in TENSOR_METRIC_BASES if base in known][:2]
 
 
-def ncu_command(ncu: str, spec_path: str, metrics: list[str], launches: int) -> list[str]:
+def ncu_command(ncu: str, spec_path: str, metrics: list[str], launches: int, report: str | None = None) -> list[str]:
+    """The ncu command line. With `report` (a path without suffix) it also samples warp stalls per SASS
+    instruction (SourceCounters) and saves the report there, for ncu_source_table."""
     cmd = [
         ncu,
         "--clock-control",
@@ -880,6 +883,8 @@ def ncu_command(ncu: str, spec_path: str, metrics: list[str], launches: int) -> 
     ]
     for section in NCU_SECTIONS:
         cmd += ["--section", section]
+    if report:
+        cmd += ["--section", "SourceCounters", "--import-source", "no", "--export", report, "--force-overwrite"]
     if metrics:
         cmd += ["--metrics", ",".join(metrics)]
     return [*cmd, sys.executable, "-m", "tests.gpu.bench_sm90", "--ncu-run", spec_path]
@@ -892,6 +897,13 @@ KEY_LINE = re.compile(
     r"Memory Throughput|pipe_tensor|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued",
     re.IGNORECASE,
 )
+
+
+def ncu_source_table(ncu: str, report: str) -> str:
+    """Per SASS instruction of each profiled kernel: its stall samples by reason (ncu's source page, CSV)."""
+    cmd = [ncu, "--import", f"{report}.ncu-rep", "--page", "source", "--csv", "--print-source", "sass"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return f"# $ {' '.join(cmd)} (exit code {run.returncode})\n{run.stdout}\n{run.stderr}"
 
 
 def key_lines(text: str) -> list[str]:
@@ -934,7 +946,8 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
             subjects.append({"label": "cudnn", "kind": "sdpa", "backend": PEERS["sdpa_cudnn"]})
         spec = out / f".ncu_spec_{plan['slug']}.json"
         spec.write_text(json.dumps({"problem": plan["problem"].to_dict(), "subjects": subjects}))
-        cmd = ncu_command(ncu, str(spec), metrics, launches=3 * len(subjects))
+        report = str(out / f"ncu_{plan['slug']}") if _NCU_SOURCE else None
+        cmd = ncu_command(ncu, str(spec), metrics, launches=3 * len(subjects), report=report)
         path = out / f"ncu_{plan['slug']}.txt"
         start = time.perf_counter()
         try:
@@ -959,6 +972,12 @@ def run_ncu(plans: list[dict], out: Path, space: Space, device: DeviceLimits, qu
         finally:
             spec.unlink(missing_ok=True)
         path.write_text(text[:7_000_000])
+        if report and status == "ok":
+            try:
+                source = ncu_source_table(ncu, report)
+            except (OSError, subprocess.SubprocessError) as e:
+                source = f"# ncu source page failed: {type(e).__name__}: {e}"
+            (out / f"ncu_{plan['slug']}_sass.csv").write_text(source[:15_000_000])
         seconds = round(time.perf_counter() - start, 1)
         log(f"ncu {plan['slug']}: {status} in {seconds} s -> {path.name}; key lines:")
         for line in key_lines(text):
@@ -1063,6 +1082,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help=f"seconds for everything ({DEADLINE_S:.0f})")
     parser.add_argument("--ncu-shape", action="append", default=[], help="slug of a shape to profile (repeatable)")
     parser.add_argument(
+        "--ncu-source",
+        action="store_true",
+        help="ncu also samples warp stalls per SASS instruction: ncu_<shape>_sass.csv (ncu's source page)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="DIR",
         help="also time each shape's default built from the kernel sources under DIR (a kernel_src tree, e.g. "
@@ -1084,6 +1108,8 @@ def main(argv: list[str] | None = None) -> int:
     _NCU_RESERVE[0] = 0.0 if args.no_ncu else NCU_RESERVE_S
     _ONLY.update(n for n in (args.variants or "").split(",") if n)
     _NCU_SLUGS.update(args.ncu_shape)
+    if args.ncu_source:
+        _NCU_SOURCE.append(True)
     if args.baseline:
         if not (Path(args.baseline) / "sm90" / "flash_fwd.cu").is_file():
             parser.error(f"--baseline {args.baseline}: no sm90/flash_fwd.cu there; give a kernel_src directory")

@@ -280,6 +280,10 @@ def test_ncu_command_and_key_lines():
     assert "--profile-from-start off" in text and "--metrics m.avg.pct_of_peak_sustained_active" in text
     assert all(f"--section {s}" in text for s in ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats"))
     assert cmd[-4:] == ["-m", "tests.gpu.bench_sm90", "--ncu-run", "/tmp/spec.json"]
+    assert "SourceCounters" not in text and "--export" not in text
+    sourced = " ".join(bench.ncu_command("/usr/bin/ncu", "/tmp/spec.json", [], launches=3, report="/tmp/r"))
+    assert "--section SourceCounters" in sourced and "--export /tmp/r " in sourced
+    assert sourced.endswith("-m tests.gpu.bench_sm90 --ncu-run /tmp/spec.json")
     sample = (
         "NCU-SUBJECT flashtune:default\n  flashtune_fwd (132, 1, 1)x(384, 1, 1)\n    Duration  us  98.5\n"
         "    Some Other Metric  1\n    Achieved Occupancy   %   18.7\n"
