@@ -14,10 +14,9 @@ Stages, each one robust (a failing config, backend or ncu run is reported and sk
 3. in a GPU worker process (tuner.worker: a hung or crashing kernel kills only the worker, which
    is restarted): per shape, random inputs and one float32 reference; each config checked once on
    poisoned outputs (a failure is WRONG and never timed); then ours, SDPA's CUDNN_ATTENTION and
-   FLASH_ATTENTION on the same inputs, timed in 4 interleaved rounds (an L2 flush before every
-   launch, CUDA events, no sync between launches; the result is the median of the rounds'
-   medians; the order rotated every other round and reversed in between, see round_order); an
-   8192^3 cuBLAS GEMM once;
+   FLASH_ATTENTION on the same inputs, timed in 4 rounds, each launching the runners in turn, launch
+   by launch in a shuffled order (launch_order; an L2 flush before every launch, CUDA events, no sync
+   between launches; the result is the median of the rounds' medians); an 8192^3 cuBLAS GEMM once;
 4. ncu (SpeedOfLight, LaunchStats, Occupancy, WarpStateStats and a tensor-pipe metric) on the
    default, the best variant and cuDNN at two shapes, one ncu run per shape: text under $OUT;
 5. $OUT/bench_sm90.json with every timing, and a compact table printed last.
@@ -35,6 +34,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import random
 import re
 import shutil
 import statistics
@@ -612,44 +612,59 @@ def add_peers(_: object = None) -> dict:
 
 
 def round_order(names: list[str], r: int) -> list[str]:
-    """Round ``r``'s timing order: ``names`` rotated by r // 2 places, reversed in odd rounds. A rotation alone
-    keeps each runner behind the same one wherever it is not first, and the runner before may matter: with the
-    order only rotated, two identical builds of the d128 default differed by up to 9% in one run at N 16384 on an
-    H100, the second timed right behind the first in two of its three rounds (BENCHMARKS.md, session 41; this
-    order is not measured yet). Reversing every other round puts each runner behind both its neighbours, and
-    rotating moves it through the places."""
+    """Round ``r``'s order of warm-up and first launches: ``names`` rotated by r // 2 places, reversed in odd
+    rounds, so that no runner is always first or always behind the same one."""
     shift = (r // 2) % max(1, len(names))
     order = names[shift:] + names[:shift]
     return order[::-1] if r % 2 else order
 
 
+def launch_order(names: list[str], i: int) -> list[str]:
+    """The order of a round's ``i``-th launch of each runner: a permutation seeded by ``i`` (every run the same).
+    A round times its runners launch by launch, interleaved, each behind a different one from launch to launch.
+    Timed one after another instead (each runner's launches in a block, the blocks in a rotated and reversed
+    order), two identical builds of the d128 default differed by up to 8% on an H100 at N 16384 (BENCHMARKS.md,
+    session 42): a runner's block ran at the clocks its predecessor's power draw left, and the runner first in
+    most rounds came out fastest."""
+    order = list(names)
+    random.Random(i).shuffle(order)
+    return order
+
+
 def time_round(names: list[str]) -> dict:
-    """Each runner in order: warm, then enough launches for TARGET_MS, each after an L2 flush,
-    bracketed by CUDA events on the null stream, synchronised once at the end. Median ms."""
+    """Each runner warmed and its launch time estimated, in ``names`` order; then every runner launched
+    ``reps`` times, interleaved (:func:`launch_order`), each launch after an L2 flush and bracketed by CUDA
+    events on the null stream, synchronised once at the end. ``reps`` fills about TARGET_MS per runner. Median
+    ms per runner."""
     import cupy
 
-    out = {}
     flush = _G["flush"]
-    for name in names:
-        run = _G["runners"].get(name)
-        if run is None:
-            continue
+    runners = {name: _G["runners"][name] for name in names if name in _G["runners"]}
+    estimates = []
+    for run in runners.values():
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         run()
         start.record()
         run()
         end.record()
         end.synchronize()
-        estimate = max(cupy.cuda.get_elapsed_time(start, end), 1e-3)
-        reps = int(min(50, max(5, TARGET_MS / (estimate + 0.1))))
-        events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(reps)]
-        for i, (s, e) in enumerate(events):
+        estimates.append(max(cupy.cuda.get_elapsed_time(start, end), 1e-3))
+    if not runners:
+        return {}
+    reps = int(min(50, max(5, TARGET_MS / (max(estimates) + 0.1))))
+    events: dict[str, list] = {name: [] for name in runners}
+    for i in range(reps):
+        for name in launch_order(list(runners), i):
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
             flush.fill(i)
             s.record()
-            run()
+            runners[name]()
             e.record()
-        events[-1][1].synchronize()
-        times = sorted(cupy.cuda.get_elapsed_time(s, e) for s, e in events)
+            events[name].append((s, e))
+    e.synchronize()
+    out = {}
+    for name, pairs in events.items():
+        times = sorted(cupy.cuda.get_elapsed_time(s, e) for s, e in pairs)
         out[name] = {"ms": statistics.median(times), "min_ms": times[0], "reps": reps}
     return out
 

@@ -160,6 +160,19 @@ def test_the_timing_order_puts_no_runner_always_behind_the_same_one(count):
     assert len({order[0] for order in orders}) >= 2  # not always the same runner first
 
 
+@pytest.mark.parametrize("count", [2, 3, 4, 6])
+def test_interleaved_launches_put_no_runner_always_behind_the_same_one(count):
+    names = [f"r{i}" for i in range(count)]
+    orders = [bench.launch_order(names, i) for i in range(5)]  # a round's fewest launches per runner
+    assert all(sorted(order) == names for order in orders)  # every runner once per launch
+    assert orders == [bench.launch_order(names, i) for i in range(5)]  # the same in every run
+    launches = [name for order in orders for name in order]
+    behind: dict[str, set[str]] = {n: set() for n in names}  # the runners each one was launched right after
+    for before, name in itertools.pairwise(launches):
+        behind[name].add(before)
+    assert all(len(before) >= min(2, count - 1) for before in behind.values()), behind
+
+
 def test_quick_plan_is_small():
     space, device = load_space("sm90"), limits_for_arch(90)
     for shape in bench.QUICK_SHAPES:
