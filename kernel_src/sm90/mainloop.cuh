@@ -399,13 +399,23 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       const bool rescale = softmax.update_max(s, o_scale);
-      softmax.exponentiate(s);
-
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(o);
+      // exp_overlap: the first kEarlyExp values are exponentiated beside P_{j-1} V_{j-1}, the rest after
+      // its wait, once V's stage is released. The wait sits in both arms of the rescale branch, not before
+      // it: in the block of the exponentials ptxas schedules the wait (and release_v behind it) above them,
+      // and none ran beside the GEMM (SASS of the d64 and d128 defaults; tests/kernels/test_sass_loops.py).
+      constexpr int kEarlyExp = 8 * (kSRegs / 8 * kExpOverlap / 2);  // whole k-steps of P
+      softmax.template exponentiate<0, kEarlyExp>(s);
+      if (rescale) {
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(o);
+        rescale_o(o, o_scale);
+      } else {
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(o);
+      }
       if constexpr (!kPSmem) ptx::fence_operands(p);
       release_v(prev);
-      if (rescale) rescale_o(o, o_scale);
+      softmax.template exponentiate<kEarlyExp, kSRegs>(s);
       if constexpr (kPSmem)
         store_p(s);  // P_{j-1} V_{j-1} completed above: its tile may be overwritten
       else

@@ -101,6 +101,11 @@ SM90_REPRESENTATIVE = {
     "p_smem_serial_pingpong": {"p_smem": 1, "intra_wg_overlap": 0, "pingpong": 1},
     "p_smem_dynamic": {"p_smem": 1, "persistent": 1, "scheduler": 1},
     "p_smem_cluster_serial": {**CLUSTER, "p_smem": 1, "intra_wg_overlap": 0},
+    # exp_overlap: none or half of a block's exponentials before the P.V wait (the default: all), with P in
+    # registers or in shared memory, ping-pong, and a 112-key tile (7 k-steps of P: the half rounds down to 3)
+    "exp_overlap_none": {"exp_overlap": 0},
+    "exp_overlap_half_pingpong": {"exp_overlap": 1, "pingpong": 1},
+    "exp_overlap_half_p_smem_bn112": {"exp_overlap": 1, "p_smem": 1, "block_n": 112},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {

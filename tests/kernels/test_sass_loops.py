@@ -419,3 +419,25 @@ def test_the_comparison_detects_a_heavier_loop(sass_build):
     with pytest.raises(AssertionError, match="poly_exp's key-block loop has"):
         assert_loop_within(poly, default, 0.02)
     assert_loop_within(default, poly, 0.02)  # one-sided: the lighter loop passes
+
+
+def exponentials_before_pv_wait(build: Build) -> int:
+    """MUFU.EX2 of the key-block loop issued after its wait for S (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: S_j has
+    landed, P_{j-1} V_{j-1} may still run) and before its wait for that P.V (``gsb0, 0x0``)."""
+    instructions, _ = function_sass(build.sass.read_text())
+    body = [ins.text for ins in instructions if build.loop.start <= ins.address <= build.loop.end]
+    first = next(i for i, text in enumerate(body) if text.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1"))
+    last = next(i for i in range(first, len(body)) if body[i].startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    return sum(text.startswith("MUFU.EX2") for text in body[first:last])
+
+
+@pytest.mark.parametrize("exp_overlap", [0, 1, 2])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_exponentials_run_beside_the_warpgroups_own_pv_gemm(sass_build, head_dim, exp_overlap):
+    """intra_wg_overlap: exp_overlap halves of a block's exponentials are issued while the previous block's P.V runs
+    (whole k-steps of P), besides the rescale's 2. With the wait for that P.V in the exponentials' basic block,
+    ptxas put the wait first and only the rescale's 2 ran before it, whatever the source's order."""
+    build = sass_build(f"exp_overlap{exp_overlap}", head_dim, {"exp_overlap": exp_overlap})
+    assert build.config["intra_wg_overlap"] == 1 and build.loop is not None
+    k_steps = build.config["block_n"] // 16  # 8 of a thread's values each
+    assert exponentials_before_pv_wait(build) == 2 + 8 * (k_steps * exp_overlap // 2), build.sass
