@@ -42,10 +42,7 @@
 #define FT_CONSUMER_REGS (FT_HEAD_DIM == 64 ? 160 : 240)  // setmaxnreg budget of each consumer warpgroup
 #endif
 #ifndef FT_INTRA_WG_OVERLAP
-#define FT_INTRA_WG_OVERLAP 1  // softmax of tile j runs while O += P_{j-1} V_{j-1} is in flight
-#endif
-#ifndef FT_EXP_OVERLAP
-#define FT_EXP_OVERLAP 2  // halves of a key block's exponentials issued before the previous block's P.V is waited on
+#define FT_INTRA_WG_OVERLAP (FT_HEAD_DIM == 64 ? 2 : 1)  // 1: tile j's row max beside O += P_{j-1} V_{j-1}; 2: its exponentials too
 #endif
 #ifndef FT_PINGPONG
 #define FT_PINGPONG 0  // consumer warpgroups take turns issuing their GEMMs (named barriers)
@@ -131,7 +128,7 @@ constexpr float kRescaleSlack = static_cast<float>(FT_RESCALE_SLACK);
 constexpr int kProducerRegs = FT_PRODUCER_REGS;
 constexpr int kConsumerRegs = FT_CONSUMER_REGS;
 constexpr bool kIntraWgOverlap = FT_INTRA_WG_OVERLAP != 0;
-constexpr int kExpOverlap = FT_EXP_OVERLAP;
+constexpr bool kExpOverlap = FT_INTRA_WG_OVERLAP == 2;  // exponentials beside the P.V
 constexpr bool kPingPong = FT_PINGPONG != 0;
 constexpr int kPvSplit = FT_PV_SPLIT;
 constexpr bool kPSmem = FT_P_SMEM != 0;
@@ -187,9 +184,7 @@ static_assert(kPvSplit % 16 == 0 && kPvSplit >= 0 && kPvSplit < kBlockN,
               "pv_split: 0 or a multiple of 16 below block_n (whole k-steps of O += P V in each part)");
 static_assert(kPvSplit == 0 || !kIntraWgOverlap,
               "pv_split splits the serial loop's P.V; the overlapped loop already hides the softmax behind it");
-static_assert(kExpOverlap >= 0 && kExpOverlap <= 2, "exp_overlap: 0, 1 or 2 halves of the exponentials before the P.V wait");
-static_assert(kExpOverlap == 2 || kIntraWgOverlap,
-              "exp_overlap places the overlapped loop's exponentials around its P.V wait: set exp_overlap=2 or intra_wg_overlap=1");
+static_assert(FT_INTRA_WG_OVERLAP >= 0 && FT_INTRA_WG_OVERLAP <= 2, "intra_wg_overlap: 0 (serial), 1 or 2");
 static_assert(FT_P_SMEM == 0 || FT_P_SMEM == 1, "p_smem: 0 or 1");
 static_assert(!kPSmem || kPvSplit == 0, "p_smem writes all of P before O += P V reads it, so pv_split cannot split that GEMM: set pv_split=0 or p_smem=0");
 static_assert(kClusterCtas == 1 || kClusterCtas == 2, "cta_mode: 1 or 2 CTAs per cluster");

@@ -399,11 +399,11 @@ struct Consumer {
       mask(s, n);
       float o_scale[2];
       const bool rescale = softmax.update_max(s, o_scale);
-      // exp_overlap: the first kEarlyExp values are exponentiated beside P_{j-1} V_{j-1}, the rest after
-      // its wait, once V's stage is released. The wait sits in both arms of the rescale branch, not before
-      // it: in the block of the exponentials ptxas schedules the wait (and release_v behind it) above them,
-      // and none ran beside the GEMM (SASS of the d64 and d128 defaults; tests/kernels/test_sass_loops.py).
-      constexpr int kEarlyExp = 8 * (kSRegs / 8 * kExpOverlap / 2);  // whole k-steps of P
+      // intra_wg_overlap 2: the block is exponentiated beside P_{j-1} V_{j-1}; 1: after its wait and V's release.
+      // The wait sits in both arms of the rescale branch, not before it: in the block of the exponentials
+      // ptxas schedules the wait (and release_v behind it) above them, and none ran beside the GEMM (SASS of
+      // the d64 and d128 defaults; tests/kernels/test_sass_loops.py).
+      constexpr int kEarlyExp = kExpOverlap ? kSRegs : 0;
       softmax.template exponentiate<0, kEarlyExp>(s);
       if (rescale) {
         ptx::wgmma_wait<0>();

@@ -311,8 +311,8 @@ def plan_shape(space: Space, device: DeviceLimits, problem: Problem, quick: bool
 # what a rule's choice is worth beside another knob's default (dropped where it is the problem's default already)
 RULES_VARIANTS = {
     "rules_kv2": {"kv_stages": 2},  # the d64 default has three
-    "rules_exp0": {"exp_overlap": 0},  # a block's exponentials after the P.V wait (none beside that GEMM)
-    "rules_exp1": {"exp_overlap": 1},  # half of them before the wait, half after
+    "rules_exp_after": {"intra_wg_overlap": 1},  # a block's exponentials after the previous block's P.V wait
+    "rules_exp_beside": {"intra_wg_overlap": 2},  # a block's exponentials beside that P.V
     "rules_sections": {"unit_order": 1},  # causal units in sections of heads, longest first across a section
     "rules_last": {"unit_order": 2},  # the same for the last heads only, one after another before them
     "rules_heads": {"unit_order": 0},  # causal units one head after another, where a rule chose another order

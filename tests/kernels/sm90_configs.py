@@ -101,15 +101,17 @@ SM90_REPRESENTATIVE = {
     "p_smem_serial_pingpong": {"p_smem": 1, "intra_wg_overlap": 0, "pingpong": 1},
     "p_smem_dynamic": {"p_smem": 1, "persistent": 1, "scheduler": 1},
     "p_smem_cluster_serial": {**CLUSTER, "p_smem": 1, "intra_wg_overlap": 0},
-    # exp_overlap: none or half of a block's exponentials before the P.V wait (the default: all), with P in
-    # registers or in shared memory, ping-pong, and a 112-key tile (7 k-steps of P: the half rounds down to 3)
-    "exp_overlap_none": {"exp_overlap": 0},
-    "exp_overlap_half_pingpong": {"exp_overlap": 1, "pingpong": 1},
-    "exp_overlap_half_p_smem_bn112": {"exp_overlap": 1, "p_smem": 1, "block_n": 112},
+    # intra_wg_overlap 2 (the exponentials beside the previous block's P.V; the d64 default) and 1 (after its wait,
+    # the default at d128 and d256), with P in registers or in shared memory, ping-pong
+    "overlap_exp_after": {"intra_wg_overlap": 1},
+    "overlap_exp_beside": {"intra_wg_overlap": 2},
+    "overlap_exp_beside_pingpong": {"intra_wg_overlap": 2, "pingpong": 1},
+    "overlap_exp_beside_p_smem_bn112": {"intra_wg_overlap": 2, "p_smem": 1, "block_n": 112},
 }
 # sm90 at head dim 64 only: tiles whose registers or shared memory do not fit larger head dims
 SM90_D64_REPRESENTATIVE = {
     "d64_three_wgs_bn128": {**THREE_WGS, "block_n": 128},
+    "d64_three_wgs_bn128_exp_after": {**THREE_WGS, "block_n": 128, "intra_wg_overlap": 1},
     "d64_three_wgs_serial_bn160_persistent": {**THREE_WGS, "block_n": 160, "intra_wg_overlap": 0, "persistent": 1},
     "d64_three_wgs_serial_bn160_dynamic": {
         **THREE_WGS,

@@ -431,13 +431,12 @@ def exponentials_before_pv_wait(build: Build) -> int:
     return sum(text.startswith("MUFU.EX2") for text in body[first:last])
 
 
-@pytest.mark.parametrize("exp_overlap", [0, 1, 2])
+@pytest.mark.parametrize("overlap", [1, 2])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_exponentials_run_beside_the_warpgroups_own_pv_gemm(sass_build, head_dim, exp_overlap):
-    """intra_wg_overlap: exp_overlap halves of a block's exponentials are issued while the previous block's P.V runs
-    (whole k-steps of P), besides the rescale's 2. With the wait for that P.V in the exponentials' basic block,
-    ptxas put the wait first and only the rescale's 2 ran before it, whatever the source's order."""
-    build = sass_build(f"exp_overlap{exp_overlap}", head_dim, {"exp_overlap": exp_overlap})
-    assert build.config["intra_wg_overlap"] == 1 and build.loop is not None
-    k_steps = build.config["block_n"] // 16  # 8 of a thread's values each
-    assert exponentials_before_pv_wait(build) == 2 + 8 * (k_steps * exp_overlap // 2), build.sass
+def test_exponentials_run_beside_the_warpgroups_own_pv_gemm(sass_build, head_dim, overlap):
+    """intra_wg_overlap 2: a block's exponentials are issued while the previous block's P.V runs; 1: only the
+    rescale's 2 are. With the wait for that P.V in the exponentials' basic block, ptxas put the wait first and only
+    the rescale's 2 ran before it, whatever the source's order."""
+    build = sass_build(f"overlap{overlap}", head_dim, {"intra_wg_overlap": overlap})
+    assert build.loop is not None
+    assert exponentials_before_pv_wait(build) == (build.expected_mufu() if overlap == 2 else 2), build.sass
