@@ -42,7 +42,7 @@
 #define FT_CONSUMER_REGS (FT_HEAD_DIM == 64 ? 160 : 240)  // setmaxnreg budget of each consumer warpgroup
 #endif
 #ifndef FT_INTRA_WG_OVERLAP
-#define FT_INTRA_WG_OVERLAP (FT_HEAD_DIM == 64 ? 2 : 1)  // 1: tile j's row max beside O += P_{j-1} V_{j-1}; 2: its exponentials too
+#define FT_INTRA_WG_OVERLAP (FT_HEAD_DIM == 128 ? 1 : 2)  // 1: tile j's row max beside O += P_{j-1} V_{j-1}; 2: its exponentials too
 #endif
 #ifndef FT_PINGPONG
 #define FT_PINGPONG 0  // consumer warpgroups take turns issuing their GEMMs (named barriers)

@@ -432,7 +432,7 @@ def exponentials_before_pv_wait(build: Build) -> int:
 
 
 @pytest.mark.parametrize("overlap", [1, 2])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_exponentials_run_beside_the_warpgroups_own_pv_gemm(sass_build, head_dim, overlap):
     """intra_wg_overlap 2: a block's exponentials are issued while the previous block's P.V runs; 1: only the
     rescale's 2 are. With the wait for that P.V in the exponentials' basic block, ptxas put the wait first and only
