@@ -593,6 +593,23 @@ def test_with_a_batch_in_flight_the_steps_that_paid_are_proposed_together(toy_sp
     assert search.propose(taken) != together  # proposed once
 
 
+def test_the_pattern_move_combines_a_coupled_step_with_single_steps_on_other_knobs(toy_space, problem):
+    """A move of two knobs that paid (a coupled step) joins the pattern move like a single step; a move that paid
+    less and changes one of its knobs again does not."""
+    start = toy_space.defaults(problem.head_dim)
+    coupled = {**start, "block_n": 32, "stages": 1}
+    single = {**start, "flag": 1 - start["flag"]}
+    overlapping = {**start, "stages": 3}  # paid, but less than the coupled step that sets stages too
+    together = {**start, "flag": 1 - start["flag"], "block_n": 32, "stages": 1}
+    assert all(toy_space.check(c, problem, SM80) is None for c in [coupled, single, overlapping, together])
+    search = PatternSearch(toy_space, problem, SM80, seed=0)
+    search.observe(start, 100.0)
+    for config, tflops in [(single, 105.0), (coupled, 103.0), (overlapping, 102.0)]:
+        search.observe(config, tflops)
+    taken = {config_key(c) for c in [start, coupled, single, overlapping]}
+    assert search._pattern_move(taken) == together  # single steps only: flag with stages 3
+
+
 def test_a_neighbour_no_better_than_the_incumbent_waits_behind_its_coupled_step(toy_space, problem, monkeypatch):
     """A measured config one knob from a better one ranks as that config's pair level (BEHIND_LEVELS): a neighbour
     within noise below the incumbent does not have its own single steps tried before the incumbent's coupled step."""

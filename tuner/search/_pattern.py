@@ -35,8 +35,9 @@ ping-pong). So the search walks the space from the default instead of sampling i
   nobody measured is proposed itself first), so its neighbourhood is climbed next whatever it
   measured; the next stall moves to the next seed.
 - Pattern moves (Hooke and Jeeves): with :data:`SPREAD_AFTER` of its proposals in flight, a measured config
-  whose single-knob changes measured better than it in two or more knobs has all of them proposed at once (the
-  best value per knob, repaired if refused), when their gains added up beat the best so far. One step at a
+  with two or more moves measured better than it, on disjoint knobs, has them proposed at once (the best move
+  first; a move is a single-knob change or a coupled one of up to :data:`MOVE_KNOBS` knobs, such as persistent
+  CTAs with one Q stage; repaired if refused), when their gains added up beat the best so far. One step at a
   time, a chain of such changes costs a window per step (each waits for the result before it); the pattern
   move tries the whole chain as soon as its steps are measured.
 - Spread batches: with :data:`SPREAD_AFTER` of its proposals in flight (a compile-ahead window), a
@@ -140,6 +141,12 @@ UCB_K = 1.0  # the rating: the surrogate's mean + UCB_K standard deviations, bes
 #: from 19.5/46 to 42.5/50 (that comparison seen, sweep 8's figure is no longer an unbiased held-out estimate)
 BAND_LEVEL_TIE = 0.005
 IMPROVEMENT = 0.002  # log TFLOPS a new best must gain to count as one (below: noise)
+#: knobs a move that the pattern move combines may change: a coupled step with its repair. Replayed with 17 in flight
+#: (20 seeds), against single-knob moves only: the design sweeps' medians within 0.5 (one seed of the fp16
+#: `sm90_small` sweep never within 50), the coupled family's p90 53 -> 46, island 49.5 -> 46.5; held out, sweep 46
+#: 41 -> 24.5, 29 28.5 -> 24.5, 7 35.5 -> 34.5, 43 27 -> 28.5, 50 30 -> 30.5, 39 42 -> 42.5; sealed sweep 63 42 ->
+#: 41.5, 64-68 unchanged. Window 1 cannot move: the pattern move waits for SPREAD_AFTER proposals in flight
+MOVE_KNOBS = 3
 POOL_ENUMERATE = 20_000  # grid points up to which the surrogate ranks every feasible config
 POOL_DRAWS = 120  # otherwise: random coupled moves (2-3 knobs, repaired) drawn around the best centres
 _FEASIBLE: dict[tuple, list[Config]] = {}  # (space, problem, device) -> every feasible config, per process
@@ -237,8 +244,8 @@ class PatternSearch(Search):
         self._starts: list[Config] = []  # restart seeds not yet restarted from (add_start), nearest shape first
         self._boost: dict[str, float] = {}  # restarted-from centre key -> priority added (it keeps it)
         self._spread: set[str] = set()  # own proposals in flight that came from elsewhere (see SPREAD)
-        self._steps: dict[str, list[tuple[str, int, float]]] = {}  # measured key -> (knob, value, log TFLOPS) of
-        # the measured configs one knob away
+        self._moves: dict[str, list[tuple[tuple[tuple[str, int], ...], float]]] = {}  # measured key -> (changes,
+        # log TFLOPS) of the measured configs up to MOVE_KNOBS knobs away, the changes as (knob, value) pairs
         self._beside: dict[str, float] = {}  # measured key -> the best log TFLOPS measured one knob from it
 
     # -- learning ---------------------------------------------------------------------------------
@@ -261,13 +268,13 @@ class PatternSearch(Search):
         self._since_best = 0 if math.log(value) > best + IMPROVEMENT else self._since_best + 1
         self.model.add(config, value)
         behind = False  # whether this result is better than a measured config one knob away
-        for other_key in self.values:  # single-knob steps between measured configs, for the pattern move
+        for other_key in self.values:  # moves between measured configs, for the pattern move
             other = self.configs[other_key]
             changed = [n for n in config if config[n] != other[n]]
+            if 0 < len(changed) <= MOVE_KNOBS:
+                self._moves.setdefault(other_key, []).append((tuple((n, config[n]) for n in changed), math.log(value)))
+                self._moves.setdefault(key, []).append((tuple((n, other[n]) for n in changed), self.values[other_key]))
             if len(changed) == 1:
-                n = changed[0]
-                self._steps.setdefault(other_key, []).append((n, config[n], math.log(value)))
-                self._steps.setdefault(key, []).append((n, other[n], self.values[other_key]))
                 self._beside[other_key] = max(self._beside.get(other_key, -math.inf), math.log(value))
                 self._beside[key] = max(self._beside.get(key, -math.inf), self.values[other_key])
                 behind |= math.log(value) > self.values[other_key]
@@ -465,23 +472,26 @@ class PatternSearch(Search):
         return None
 
     def _pattern_move(self, taken: Set[str]) -> Config | None:
-        """Hooke and Jeeves' pattern move: a measured config with every single-knob change measured better than
-        it applied at once (the best value per knob; repaired when the static check refuses the whole), the one
-        whose gains add up highest, when they beat the best measured by :data:`IMPROVEMENT`; None when there is
-        none (or it was taken). Proposed only with :data:`SPREAD_AFTER` proposals in flight: one at a time the
-        climb already moves to each better step at once, and replayed there the move only cost evaluations
-        (window 1: sweep 6 17/17 -> 24/24); with 17 in flight it took sweep 8 from 37 to 24, the rest unchanged."""
+        """Hooke and Jeeves' pattern move: a measured config with the moves measured better than it (single-knob
+        steps, and coupled steps of up to :data:`MOVE_KNOBS` knobs: a persistent CTA that needs one Q stage) applied
+        at once, the best first and each further one only where it changes other knobs (repaired when the static
+        check refuses the whole), the one whose gains add up highest, when they beat the best measured by
+        :data:`IMPROVEMENT`; None when there is none (or it was taken). Proposed only with :data:`SPREAD_AFTER`
+        proposals in flight: one at a time the climb already moves to each better step at once, and replayed there
+        the move only cost evaluations (window 1: sweep 6 17/17 -> 24/24); with 17 in flight it took sweep 8 from
+        37 to 24, the rest unchanged."""
         best = max(self.values.values(), default=-math.inf)
         options = []
-        for key, steps in self._steps.items():
+        for key, moves in self._moves.items():
             base = self.values[key]
-            gains: dict[str, tuple[float, int]] = {}
-            for name, value, result in steps:
-                if result - base > max(IMPROVEMENT, gains.get(name, (0.0, 0))[0]):
-                    gains[name] = (result - base, value)
-            predicted = base + sum(g for g, _ in gains.values())
-            if len(gains) >= 2 and predicted > best + IMPROVEMENT:
-                options.append((predicted, {**self.configs[key], **{n: v for n, (_, v) in gains.items()}}, set(gains)))
+            chosen: dict[str, int] = {}
+            gain, combined = 0.0, 0
+            for result, changes in sorted(((r, c) for c, r in moves if r - base > IMPROVEMENT), reverse=True):
+                if not any(n in chosen for n, _ in changes):
+                    chosen.update(changes)
+                    gain, combined = gain + result - base, combined + 1
+            if combined >= 2 and base + gain > best + IMPROVEMENT:
+                options.append((base + gain, {**self.configs[key], **chosen}, set(chosen)))
         for _, move, changed in sorted(options, key=lambda o: -o[0]):
             if not self.feasible(move):
                 move = self._repair(move, changed)
