@@ -511,15 +511,10 @@ SWEEPS = (
         held_out=True,
         gpu="h100",
     ),
-)
-#: sweeps measured and stored, and not scored yet: no test and no `python -m tests.search.score` replays them until a
-#: finished change to the search is judged on them (`score --sealed`); then, with that scoring in tests/data/README.md,
-#: they move into SWEEPS. So a change designed after they were measured is still judged on landscapes nobody looked at
-SEALED: tuple[Sweep, ...] = (
     # sweeps 63-68, held out: planned 2026-12-07 (session 40) after 57-62 were scored and before any further change
     # to the search was designed, and measured on an H100 at once; at the classes that miss with 17 in flight (d256
     # non-causal: 39, 46 and 50's; d128 causal GQA: 7's; d64 few units: 52 and 57's) at other shapes, d128 mid N and
-    # d256 causal
+    # d256 causal. Sealed until they judged the pattern move's coupled steps (session 43), scored once then
     Sweep(
         "d256-bf16-full-b6-h16-n1536",
         "sm90_sweep_d256f",
@@ -563,6 +558,10 @@ SEALED: tuple[Sweep, ...] = (
         gpu="h100",
     ),
 )
+#: sweeps measured and stored, and not scored yet: no test and no `python -m tests.search.score` replays them until a
+#: finished change to the search is judged on them (`score --sealed`); then, with that scoring in tests/data/README.md,
+#: they move into SWEEPS. So a change designed after they were measured is still judged on landscapes nobody looked at
+SEALED: tuple[Sweep, ...] = ()
 #: sweeps planned and not measured yet (tests/data/README.md): `--only NAME` measures one; none is replayed until its
 #: database is stored and the sweep moved into SWEEPS (or SEALED)
 PLANNED: tuple[Sweep, ...] = ()
