@@ -37,7 +37,7 @@ def sleeping_compile(space_path, config, problem, device):
 def run(lanes: int, workers: int, measure_s: float, directory: str, sampler: str = "grid") -> float:
     """Configs per second of one sweep."""
     oracle = load_oracle(
-        optuna.storages.RDBStorage(f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}"),
+        open_storage(f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}", create=False),
         "grid-small",
         DATA / "sm90_small.toml",
     )

@@ -13,6 +13,7 @@ from tests.gpu.measure_sweeps import SWEEPS
 from tuner.cli import main
 from tuner.run import ReplayError, load_oracle, replay, replay_one, summarize
 from tuner.space import config_key
+from tuner.study import open_storage
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 URL = f"sqlite:///{DATA / 'h200_sm90_small_grid.db'}"
@@ -51,7 +52,7 @@ def test_a_replay_starts_from_the_problems_default_as_a_real_study_does(window):
     a real study's GPU information carries those limits."""
     name = "d64-bf16-causal-b32-h12-n512"
     sweep = next(s for s in SWEEPS if s.name == name)
-    oracle = load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / sweep.db}"), sweep.study, sweep.space_file)
+    oracle = load_oracle(open_storage(f"sqlite:///{DATA / sweep.db}", create=False), sweep.study, sweep.space_file)
     default = oracle.space.defaults(problem=oracle.problem, device=oracle.device)
     assert default != oracle.space.defaults(oracle.problem.head_dim)  # the rules matter at this shape
     run = replay_one(oracle, "pattern", seed=0, budget=window + 2, window=window)

@@ -74,6 +74,7 @@ import optuna
 from tests.gpu.measure_sweeps import SWEEPS as MEASURED_SWEEPS
 from tuner.run import load_oracle, replay
 from tuner.space import config_key
+from tuner.study import open_storage
 
 if TYPE_CHECKING:
     from tuner.run._replay import Oracle
@@ -127,7 +128,7 @@ KERNEL_NAME = "flashtune_fwd"
 def load_sweep(name: str) -> Oracle:
     """One stored sweep as flashtune's replay oracle."""
     file, study, space = SWEEPS[name]
-    storage = optuna.storages.RDBStorage(f"sqlite:///{DATA / file}")
+    storage = open_storage(f"sqlite:///{DATA / file}", create=False)
     return load_oracle(storage, study, DATA / space)
 
 

@@ -13,7 +13,6 @@ import math
 import statistics
 from pathlib import Path
 
-import optuna
 import pytest
 
 from tests.gpu.measure_sweeps import SWEEPS as MEASURED_SWEEPS
@@ -23,6 +22,7 @@ from tuner.run import landscapes, load_oracle, replay
 from tuner.search import DEFAULT_SEARCH
 from tuner.search._pattern import IMPROVEMENT
 from tuner.space import load_space
+from tuner.study import open_storage
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 H200 = limits_for_arch(90)
@@ -39,7 +39,7 @@ STORED = {
 @pytest.fixture(scope="module", params=sorted(STORED))
 def stored(request):
     file, study = STORED[request.param]
-    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, DATA / "sm90_small.toml")
+    return load_oracle(open_storage(f"sqlite:///{DATA / file}", create=False), study, DATA / "sm90_small.toml")
 
 
 def _hits(runs) -> list[float]:
@@ -146,12 +146,12 @@ def _oracle(name: str):
     if name not in STORED:
         return _sweep_oracle(SWEEPS[name])
     file, study = STORED[name]
-    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / file}"), study, DATA / "sm90_small.toml")
+    return load_oracle(open_storage(f"sqlite:///{DATA / file}", create=False), study, DATA / "sm90_small.toml")
 
 
 def _sweep_oracle(sweep):
     """The replay oracle of one of tests/gpu/measure_sweeps.py's sweeps, from its stored database."""
-    return load_oracle(optuna.storages.RDBStorage(f"sqlite:///{DATA / sweep.db}"), sweep.study, sweep.space_file)
+    return load_oracle(open_storage(f"sqlite:///{DATA / sweep.db}", create=False), sweep.study, sweep.space_file)
 
 
 @pytest.mark.parametrize("name", _sweep_params(sorted(SWEEPS)))
