@@ -246,6 +246,7 @@ class PatternSearch(Search):
         self._spread: set[str] = set()  # own proposals in flight that came from elsewhere (see SPREAD)
         self._moves: dict[str, list[tuple[tuple[tuple[str, int], ...], float]]] = {}  # measured key -> (changes,
         # log TFLOPS) of the measured configs up to MOVE_KNOBS knobs away, the changes as (knob, value) pairs
+        self._combined: dict[str, tuple[float, Config, str] | None] = {}  # measured key -> _combine's answer
         self._beside: dict[str, float] = {}  # measured key -> the best log TFLOPS measured one knob from it
 
     # -- learning ---------------------------------------------------------------------------------
@@ -274,6 +275,8 @@ class PatternSearch(Search):
             if 0 < len(changed) <= MOVE_KNOBS:
                 self._moves.setdefault(other_key, []).append((tuple((n, config[n]) for n in changed), math.log(value)))
                 self._moves.setdefault(key, []).append((tuple((n, other[n]) for n in changed), self.values[other_key]))
+                self._combined.pop(other_key, None)
+                self._combined.pop(key, None)
             if len(changed) == 1:
                 self._beside[other_key] = max(self._beside.get(other_key, -math.inf), math.log(value))
                 self._beside[key] = max(self._beside.get(key, -math.inf), self.values[other_key])
@@ -482,24 +485,34 @@ class PatternSearch(Search):
         37 to 24, the rest unchanged."""
         best = max(self.values.values(), default=-math.inf)
         options = []
-        for key, moves in self._moves.items():
-            base = self.values[key]
-            chosen: dict[str, int] = {}
-            gain, combined = 0.0, 0
-            for result, changes in sorted(((r, c) for c, r in moves if r - base > IMPROVEMENT), reverse=True):
-                if not any(n in chosen for n, _ in changes):
-                    chosen.update(changes)
-                    gain, combined = gain + result - base, combined + 1
-            if combined >= 2 and base + gain > best + IMPROVEMENT:
-                options.append((base + gain, {**self.configs[key], **chosen}, set(chosen)))
-        for _, move, changed in sorted(options, key=lambda o: -o[0]):
-            if not self.feasible(move):
-                move = self._repair(move, changed)
-            if move is not None:
-                key = config_key(move)
-                if self._free(key, taken):
-                    return move
+        for key in self._moves:
+            if key not in self._combined:
+                self._combined[key] = self._combine(key)
+            if (option := self._combined[key]) is not None and option[0] > best + IMPROVEMENT:
+                options.append(option)
+        for _, move, key in sorted(options, key=lambda o: -o[0]):
+            if self._free(key, taken):
+                return move
         return None
+
+    def _combine(self, key: str) -> tuple[float, Config, str] | None:
+        """(predicted log TFLOPS, config, its key) of the measured config ``key`` with its moves that paid applied at
+        once, the best first and each further one only on other knobs, repaired if the static check refuses it; None
+        unless two or more combine (or no repair is found). Kept until a new move from ``key`` is measured
+        (:meth:`_learn`): a repair costs up to :data:`REPAIR_CHECKS` static checks."""
+        base = self.values[key]
+        chosen: dict[str, int] = {}
+        gain, combined = 0.0, 0
+        for result, changes in sorted(((r, c) for c, r in self._moves[key] if r - base > IMPROVEMENT), reverse=True):
+            if not any(n in chosen for n, _ in changes):
+                chosen.update(changes)
+                gain, combined = gain + result - base, combined + 1
+        if combined < 2:
+            return None
+        move = {**self.configs[key], **chosen}
+        if not self.feasible(move) and (move := self._repair(move, set(chosen))) is None:
+            return None
+        return base + gain, move, config_key(move)
 
     def _free(self, key: str, taken: Set[str]) -> bool:
         """Whether the config ``key`` may be proposed: nobody took it, it has no result, none of ours is in flight."""
