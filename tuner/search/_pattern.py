@@ -503,7 +503,8 @@ class PatternSearch(Search):
         base = self.values[key]
         chosen: dict[str, int] = {}
         gain, combined = 0.0, 0
-        for result, changes in sorted(((r, c) for c, r in self._moves[key] if r - base > IMPROVEMENT), reverse=True):
+        paid = [(r, c) for c, r in self._moves[key] if r - base > IMPROVEMENT]
+        for result, changes in sorted(paid, key=lambda move: -move[0]):  # the best first; ties in measured order
             if not any(n in chosen for n, _ in changes):
                 chosen.update(changes)
                 gain, combined = gain + result - base, combined + 1
