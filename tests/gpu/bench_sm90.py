@@ -331,6 +331,13 @@ RULES_VARIANTS = {
     "rules_bn96_pp": {"block_n": 96, "pingpong": 1},
     "rules_bn96_pp_static": {"block_n": 96, "pingpong": 1, "scheduler": 0, "producer_regs": 24},
     "rules_bn128": {"block_n": 128, "pingpong": 0},  # where the d64 ping-pong rule fired: the default without it
+    # the winners of 24-trial studies on an H100 (BENCHMARKS.md, session 44): causal d64 at N 2048-8192, one barrier
+    # per K/V stage with units in sections (and four K/V stages at N >= 4096), 1.035-1.071x the default; causal d128 at
+    # N 2048-3000, ping-pong, 1.033-1.065x
+    "rules_kvb1": {"kv_barriers": 1},
+    "rules_kvb1_sections": {"kv_barriers": 1, "unit_order": 1},
+    "rules_kvb1_sections_kv4": {"kv_barriers": 1, "unit_order": 1, "kv_stages": 4},
+    "rules_pp": {"pingpong": 1},
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more
