@@ -97,7 +97,10 @@ REPAIR_CHECKS = 200  # static checks one repair may spend
 REPAIRS_KEPT = 3
 #: share of the proposals the interaction surrogate makes (while the climb improves, once it stalls); 0:
 #: only when the climb has nothing left. Replayed (window 1): half the proposals once stalled gave island
-#: landscapes a median of 19.5 (was 24) but the stored fp16 sweep a p90 of 31, past the target of 30
+#: landscapes a median of 19.5 (was 24) but the stored fp16 sweep a p90 of 31, past the target of 30. Again with the
+#: held-out misses (session 44): a quarter once stalled took sweep 49 from never within 50 to 18/39 and left 45 and 57
+#: missing, while the design sweeps lost (fp16 12/20 -> 14/33, d64 bf16 15/26 -> 17/31, sweep 6 16 -> 22); the
+#: surrogate's expected improvement over the best centre's neighbourhoods alone, once stalled, lost on three of four
 BO_SHARE = (0.0, 0.0)
 RIVALRY = math.inf  # the surrogate's pick replaces the climb's when it expects this many times its improvement
 #: results after which the interaction surrogate ranks a neighbourhood (before: the additive model). Replayed
