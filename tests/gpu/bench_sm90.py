@@ -338,6 +338,9 @@ RULES_VARIANTS = {
     "rules_kvb1_sections": {"kv_barriers": 1, "unit_order": 1},
     "rules_kvb1_sections_kv4": {"kv_barriers": 1, "unit_order": 1, "kv_stages": 4},
     "rules_pp": {"pingpong": 1},
+    # where the rules written from them fire (session 45): each knob back to the head dim's value
+    "rules_kvb2": {"kv_barriers": 2},
+    "rules_no_pp": {"pingpong": 0},
 }
 # d256 only: session 33's tile (persistent CTAs, one Q stage, 64-key blocks) with the dynamic scheduler, on top of the
 # problem's default (its unit order and split rules kept), and beside it one knob more

@@ -224,3 +224,29 @@ def test_d256_takes_the_persistent_tile_where_measured_to_win():
         outcomes.add((problem.causal, tile, split))
     assert {(c, t) for c, t, _ in outcomes} == {(False, False), (False, True), (True, False), (True, True)}
     assert any(split for _, _, split in outcomes)
+
+
+def test_causal_d64_and_d128_take_the_study_winners_patterns_where_measured_to_win():
+    """Causal d64 of >= 2048 keys, unsplit: one barrier per K/V stage and units in sections at any wave count (H100,
+    session 45: 1.037-1.058x the default at four held-out shapes of 16-21 waves). Causal d128 whose units run in
+    sections (>= 2048 keys, < 16 waves of 128-row units, unsplit): ping-pong (1.015-1.050x at three). Elsewhere the
+    head dim's values, sections where the older rule gives them; every such default is feasible."""
+    own = {d: SPACE.defaults(d) for d in (64, 128)}
+    outcomes = set()
+    for problem in (p for p in PROBLEMS if p.causal):
+        config = SPACE.defaults(problem=problem, device=H200)
+        assert SPACE.check(config, problem, H200) is None, problem.slug()
+        unsplit = config["kv_splits"] == 1
+        block_m = 64 * config["consumer_wgs"]
+        sections = problem.seqlen_k >= 2048 and _units(problem, block_m) < 16 * H200.num_sms
+        if problem.head_dim == 64:
+            fires = unsplit and problem.seqlen_k >= 2048
+            expected = {"kv_barriers": 1 if fires else own[64]["kv_barriers"], "pingpong": own[64]["pingpong"]}
+            expected["unit_order"] = 1 if fires or sections else own[64]["unit_order"]
+        else:
+            fires = unsplit and sections
+            expected = {"kv_barriers": own[128]["kv_barriers"], "pingpong": 1 if fires else own[128]["pingpong"]}
+            expected["unit_order"] = 1 if sections else own[128]["unit_order"]
+        assert {k: config[k] for k in expected} == expected, problem.slug()
+        outcomes.add((problem.head_dim, fires))
+    assert outcomes == {(64, True), (64, False), (128, True), (128, False)}
