@@ -15,6 +15,10 @@ ping-pong). So the search walks the space from the default instead of sampling i
   is an interaction the additive model cannot see (a smaller tile that pays only with ping-pong);
   (3) one knob set to a farther value (repaired likewise); (4) two knobs one step each; (5) two knobs,
   at least one of them farther than a step (a tile size and a stage depth that pay only together).
+  Each move of levels 1-3 also enters its level with the values the space file's ``[[defaults]]`` rules give
+  where they read a knob the move changed and hold there (:meth:`PatternSearch._rule_partner`): the rules
+  were measured to name a knob's partners (2 consumer warpgroups at d64 take 176- or 192-key blocks: one
+  block size at a time, the climb reached them on held-out sweep 52 only after 40 results).
 - Proposals come from the (centre, level) of highest priority: the centre's log TFLOPS less
   :data:`LEVEL_PENALTY` per level beyond the first. A better result moves the search to its
   neighbourhood at once (first improvement); a neighbourhood is otherwise proposed to its end,
@@ -60,13 +64,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Set
+from collections.abc import Callable, Iterator, Set
 
 import numpy as np
 
 from ..devices import DeviceLimits
 from ..problem import Problem
-from ..space import Config, Knob, Space, config_key
+from ..space import Config, ExprError, Knob, Space, config_key
 from ._base import Search
 from ._model import AdditiveModel
 from ._surrogate import InteractionGP, expected_improvement
@@ -177,15 +181,19 @@ def ring(space: Space, config: Config, distance: int, *, keep: Set[str] = frozen
     yield from extend(0, distance, {})
 
 
-def constraint_knobs(space: Space) -> dict[str, set[str]]:
-    """Per constraint, the knobs it reads, directly or through derived values."""
+def _expr_knobs(space: Space) -> Callable[[frozenset[str]], set[str]]:
+    """The knobs an expression reading ``names`` reads, directly or through derived values."""
     knobs = {k.name for k in space.knobs}
     reads: dict[str, set[str]] = {}
     for d in space.derived:  # declared before use: one pass in order resolves chains
         reads[d.name] = set().union(*(({n} & knobs) | reads.get(n, set()) for n in d.expr.names))
-    return {
-        c.name: set().union(*(({n} & knobs) | reads.get(n, set()) for n in c.expr.names)) for c in space.constraints
-    }
+    return lambda names: set().union(*(({n} & knobs) | reads.get(n, set()) for n in names))
+
+
+def constraint_knobs(space: Space) -> dict[str, set[str]]:
+    """Per constraint, the knobs it reads, directly or through derived values."""
+    knobs_of = _expr_knobs(space)
+    return {c.name: knobs_of(c.expr.names) for c in space.constraints}
 
 
 def _reach(knob: Knob) -> int:
@@ -241,6 +249,9 @@ class PatternSearch(Search):
         self._neighbourhoods: dict[tuple[str, int], list[tuple[str, Config]]] = {}
         self._open: dict[str, Config] = {}  # own proposals not yet observed
         self._reads = constraint_knobs(space)
+        knobs_of = _expr_knobs(space)
+        #: the space's [[defaults]] rules that read the config, with the knobs they read (see _rule_partner)
+        self._rules = [(rule, knobs_of(rule.when.names)) for rule in space.default_rules if rule.reads_config]
         self._made = {"pattern": 0, "surrogate": 0}  # proposals by each source
         self._since_best = 0  # results since the best improved
         self._pool: tuple[list[str], list[Config], np.ndarray] | None = None  # the enumerated pool, encoded
@@ -393,14 +404,38 @@ class PatternSearch(Search):
                 feasible = self.feasible(other)
                 if (name == "coupled step" and feasible) or (name in ("step", "pair", "pair jump") and not feasible):
                     continue
-                if feasible:
-                    out.setdefault(config_key(other), other)
-                    continue
                 changed = {n for n in other if other[n] != centre[n]}
-                for repaired in self._repairs(other, changed, chain=name == "coupled step")[:REPAIRS_KEPT]:
-                    out.setdefault(config_key(repaired), repaired)
+                moves = (
+                    [other] if feasible else self._repairs(other, changed, chain=name == "coupled step")[:REPAIRS_KEPT]
+                )
+                for move in moves:
+                    out.setdefault(config_key(move), move)
+                    if name in ("step", "coupled step", "jump") and (partner := self._rule_partner(move, centre)):
+                        out.setdefault(config_key(partner), partner)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
+
+    def _rule_partner(self, move: Config, centre: Config) -> Config | None:
+        """``move`` with the values the space's ``[[defaults]]`` rules give it where they read a knob the move
+        changed from ``centre`` and hold for it: the rules name a knob's partners (2 consumer warpgroups take 176-
+        or 192-key blocks, ping-pong at d64 the exponentials after the P.V wait). The knobs that made a rule hold
+        and those the rules set are kept; where the static check refuses the result, the other knobs are repaired.
+        None where no rule moves a knob, or no repair is found."""
+        changed = {n for n in move if move[n] != centre[n]}
+        out, kept = dict(move), set()
+        for rule, reads in self._rules:
+            if not reads & changed:
+                continue
+            try:
+                env = self.space.environment(out, self.problem, self.device)
+            except ExprError:  # beyond 64 bits for this problem: the rule does not hold (as in Space.defaults)
+                continue
+            if rule.when(env) and any(out[k] != v for k, v in rule.values if k not in changed):
+                out.update((k, v) for k, v in rule.values if k not in changed)
+                kept |= (reads & changed) | {k for k, _ in rule.values}
+        if out == move:
+            return None
+        return out if self.feasible(out) else self._repair(out, kept)
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The model's favourite of :meth:`_repairs`, or None when there is none."""
