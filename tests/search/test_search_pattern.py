@@ -263,6 +263,27 @@ def test_a_move_a_default_rule_reads_is_tried_with_the_partner_the_rule_gives():
             assert stages and all(changed == {"kv_stages"} for changed in stages)  # no rule reads kv_stages
 
 
+def test_a_refused_move_is_also_completed_by_the_rules_that_set_its_value_among_several():
+    """A rule that sets several knobs names values measured to run together: the d256 tile rules set the dynamic
+    scheduler with persistent CTAs, one Q stage and 64-key blocks. ``scheduler=1`` from a d256 default of one CTA
+    per block (no tile rule holds: causal past 8192 keys, non-causal from 2048) is refused; its coupled step holds
+    it repaired along the chain and, beside that, with the tile's other values (held-out sweeps 50 and 63, whose best
+    is that tile: 30.5 and 41.5 evaluations with 17 in flight without, 26 and 27 with)."""
+    space = load_space("sm90")
+    tile = {"persistent": 1, "q_stages": 1, "block_n": 64, "scheduler": 1}
+    for problem in (
+        Problem(batch=1, seqlen_q=12288, heads_q=16, head_dim=256, causal=True),
+        Problem(batch=2, seqlen_q=4096, heads_q=16, head_dim=256),
+    ):
+        start = space.defaults(problem=problem, device=H200)
+        assert (start["persistent"], start["scheduler"]) == (0, 0), problem.slug()
+        search = PatternSearch(space, problem, H200, seed=0)
+        search.observe(start, 500.0)
+        coupled = [c for _, c in search.neighbourhood(config_key(start), LEVELS.index("coupled step") + 1)]
+        assert all(space.check(c, problem, H200) is None for c in coupled)
+        assert any(all(c[k] == v for k, v in tile.items()) for c in coupled), problem.slug()
+
+
 def _kept_repairs(space, problem) -> int:
     """Checks one start's coupled-step level; returns how many refused moves it keeps with several partners."""
     search = PatternSearch(space, problem, H200, seed=0)

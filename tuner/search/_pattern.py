@@ -18,7 +18,9 @@ ping-pong). So the search walks the space from the default instead of sampling i
   Each move of levels 1-3 also enters its level with the values the space file's ``[[defaults]]`` rules give
   where they read a knob the move changed and hold there (:meth:`PatternSearch._rule_partner`): the rules
   were measured to name a knob's partners (2 consumer warpgroups at d64 take 176- or 192-key blocks: one
-  block size at a time, the climb reached them on held-out sweep 52 only after 40 results).
+  block size at a time, the climb reached them on held-out sweep 52 only after 40 results). A refused move
+  of levels 2-3 is also completed by each rule that sets several knobs, one of them to the move's value
+  (:meth:`PatternSearch._bundles`: the values a rule sets were measured to run together).
 - Proposals come from the (centre, level) of highest priority: the centre's log TFLOPS less
   :data:`LEVEL_PENALTY` per level beyond the first. A better result moves the search to its
   neighbourhood at once (first improvement); a neighbourhood is otherwise proposed to its end,
@@ -412,6 +414,9 @@ class PatternSearch(Search):
                     out.setdefault(config_key(move), move)
                     if name in ("step", "coupled step", "jump") and (partner := self._rule_partner(move, centre)):
                         out.setdefault(config_key(partner), partner)
+                if not feasible and name in ("coupled step", "jump"):
+                    for bundle in self._bundles(other, changed):
+                        out.setdefault(config_key(bundle), bundle)
             self._neighbourhoods[(key, level)] = list(out.items())
         return self._neighbourhoods[(key, level)]
 
@@ -436,6 +441,22 @@ class PatternSearch(Search):
         if out == move:
             return None
         return out if self.feasible(out) else self._repair(out, kept)
+
+    def _bundles(self, other: Config, changed: set[str]) -> list[Config]:
+        """A move the static check refuses, completed by each ``[[defaults]]`` rule that sets several knobs, one of
+        them to a value the move gives (the rule's values were measured to run together: the dynamic scheduler at
+        d256 with persistent CTAs, one Q stage and 64-key blocks), whatever its condition; the other knobs repaired
+        where that is refused too."""
+        found = []
+        for rule in self.space.default_rules:
+            values = dict(rule.values)
+            if len(values) > 1 and any(values.get(n) == other[n] for n in changed):
+                bundled = {**other, **values}
+                if self.feasible(bundled):
+                    found.append(bundled)
+                elif (fixed := self._repair(bundled, changed | set(values))) is not None:
+                    found.append(fixed)
+        return found
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The model's favourite of :meth:`_repairs`, or None when there is none."""
