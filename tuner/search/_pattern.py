@@ -254,6 +254,8 @@ class PatternSearch(Search):
         knobs_of = _expr_knobs(space)
         #: the space's [[defaults]] rules that read the config, with the knobs they read (see _rule_partner)
         self._rules = [(rule, knobs_of(rule.when.names)) for rule in space.default_rules if rule.reads_config]
+        #: the values of each [[defaults]] rule that sets several knobs (see _bundles)
+        self._bundle_values = [dict(rule.values) for rule in space.default_rules if len(rule.values) > 1]
         self._made = {"pattern": 0, "surrogate": 0}  # proposals by each source
         self._since_best = 0  # results since the best improved
         self._pool: tuple[list[str], list[Config], np.ndarray] | None = None  # the enumerated pool, encoded
@@ -438,9 +440,7 @@ class PatternSearch(Search):
             if rule.when(env) and any(out[k] != v for k, v in rule.values if k not in changed):
                 out.update((k, v) for k, v in rule.values if k not in changed)
                 kept |= (reads & changed) | {k for k, _ in rule.values}
-        if out == move:
-            return None
-        return out if self.feasible(out) else self._repair(out, kept)
+        return None if out == move else self._feasible_or_repaired(out, kept)
 
     def _bundles(self, other: Config, changed: set[str]) -> list[Config]:
         """A move the static check refuses, completed by each ``[[defaults]]`` rule that sets several knobs, one of
@@ -448,15 +448,16 @@ class PatternSearch(Search):
         d256 with persistent CTAs, one Q stage and 64-key blocks), whatever its condition; the other knobs repaired
         where that is refused too."""
         found = []
-        for rule in self.space.default_rules:
-            values = dict(rule.values)
-            if len(values) > 1 and any(values.get(n) == other[n] for n in changed):
-                bundled = {**other, **values}
-                if self.feasible(bundled):
+        for values in self._bundle_values:
+            if any(values.get(n) == other[n] for n in changed):
+                bundled = self._feasible_or_repaired({**other, **values}, changed | set(values))
+                if bundled is not None:
                     found.append(bundled)
-                elif (fixed := self._repair(bundled, changed | set(values))) is not None:
-                    found.append(fixed)
         return found
+
+    def _feasible_or_repaired(self, config: Config, keep: Set[str]) -> Config | None:
+        """``config`` where the static check accepts it, else :meth:`_repair`'s answer."""
+        return config if self.feasible(config) else self._repair(config, keep)
 
     def _repair(self, config: Config, keep: Set[str]) -> Config | None:
         """The model's favourite of :meth:`_repairs`, or None when there is none."""
